@@ -1,0 +1,1 @@
+"""leadscale's live KEDA external scaler: signals, the policy, and the gRPC service."""

@@ -1,0 +1,1 @@
+"""Generated from protos/externalscaler.proto by scaler.protogen; do not edit."""

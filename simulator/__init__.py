@@ -1,0 +1,1 @@
+"""leadscale's simulator: workloads, a vLLM replica model, the KEDA/HPA loop, reports and tuning."""
