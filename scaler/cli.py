@@ -20,7 +20,7 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="leadscale",
-        description="Autoscale vLLM on Kubernetes GPUs from token-weighted pressure and cold-start lead time.",
+        description="Autoscale vLLM on Kubernetes GPUs from token-weighted load and cold-start lead time.",
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module_path in SUBCOMMAND_MODULES:

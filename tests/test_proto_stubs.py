@@ -67,7 +67,8 @@ def test_wire_contract_field_numbers() -> None:
 def test_plain_wheel_ships_the_stubs(tmp_path: Path) -> None:
     """A regular (non-editable) build must contain importable stubs, not only the source tree."""
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(ROOT)],
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+         "-w", str(tmp_path), str(ROOT)],
         check=True,
     )
     (wheel,) = tmp_path.glob("leadscale-*.whl")
