@@ -1,0 +1,342 @@
+"""Keeps a fresh decision for every scaled object so RPCs answer from memory in milliseconds.
+
+KEDA calls ``GetMetrics``/``IsActive`` with a 3 s timeout on every poll and HPA sync; Prometheus
+queries take longer than that budget allows when many objects ask at once. So one background thread
+evaluates every known object each ``interval_s``: objects are grouped by signal source and each
+source is asked *once* per round for all of its targets (one PromQL per signal serves them all),
+then ``policy.decide`` runs per object and the decision is cached. An object is identified by
+namespace/name plus its metadata (a changed trigger is a new object; the old one idles out).
+
+- First call for an unknown object: evaluated once synchronously (new objects arriving together
+  share one fetch), bounded by ``first_call_timeout_s`` (2 s); past that the caller gets
+  ``Unavailable`` and the loop carries on.
+- Failure semantics: a failed fetch (or data older than ``staleness_limit_s``) keeps the last good
+  decision only while the data behind it is younger than the limit; after that ``Unavailable`` so
+  KEDA's own fallback applies. Nothing here ever invents a 0.
+- Idle objects (not asked about for ``idle_timeout_s``; an open StreamIsActive counts as asking) are
+  dropped with their metrics.
+- Kubernetes hook: ``kube.observe(namespace, name)`` may return a view with optional attributes
+  ``ready_replicas``, ``starting_replicas``, ``lead_time_s`` (the measured p90 cold start; used
+  only with ``leadTime: auto``), ``min_replicas`` and ``max_replicas`` (the ScaledObject's, used
+  when metadata leaves them unset), or ``None`` when it knows nothing. Its failures are logged and
+  the source's view is used unchanged. When a decision wants fewer replicas than are ready, an
+  optional ``kube.before_scale_down(namespace, name, model)`` is called (drain-aware scale-down).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from scaler import evaluator_kube
+from scaler.evaluator_kube import KubeObserver
+from scaler.metadata import MetadataError, Problem, ScalerConfig, parse_metadata
+from scaler.signals import Signals
+from scaler.sources.base import SignalSource, SourceError, Target
+from scaler.telemetry import Telemetry
+
+LOG = logging.getLogger("leadscale.evaluator")
+SourceKey = tuple[str, str | tuple[str, ...]]
+"""("prometheus", url) or ("scrape", (url, ...)): objects with equal keys share one source and one fetch."""
+ObjectKey = tuple[str, str, frozenset[tuple[str, str]]]
+FIRST_CALL_GATHER_S = 0.02
+"""New objects arriving within this many seconds share their first fetch (KEDA polls all objects at once)."""
+
+
+class Unavailable(Exception):
+    """No trustworthy decision for this object now; the service answers UNAVAILABLE."""
+
+
+def default_source_factory(key: SourceKey) -> SignalSource:
+    """Build the real source for a key (imported here: they pull in HTTP clients)."""
+    kind, where = key
+    if kind == "prometheus":
+        from scaler.sources.prometheus import PrometheusSource
+
+        return PrometheusSource(str(where))
+    from scaler.sources.scrape import ScrapeSource
+
+    return ScrapeSource(list(where))
+
+
+@dataclass
+class _Entry:
+    namespace: str
+    name: str
+    config: ScalerConfig
+    target: Target
+    source_key: SourceKey
+    last_asked: float
+    state: Any = None
+    decision: Any = None
+    data_at: float = float("-inf")
+    """Our clock's time of the data behind ``decision``."""
+    error: str | None = None
+    policy_config: Any = None
+    policy_bounds: tuple[int | None, int | None] = (None, None)
+    evaluated: threading.Event = field(default_factory=threading.Event)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What an RPC needs: the cached decision and the config it was made under."""
+
+    config: ScalerConfig
+    desired_replicas: int
+    active: bool
+    data_age_s: float
+
+
+class Evaluator:
+    """Background evaluation of every scaled object; ``lookup`` answers from the cache."""
+
+    def __init__(self, prometheus_url: str | None = None, scrape_targets: tuple[str, ...] = (),
+                 interval_s: float = 5.0, staleness_limit_s: float = 60.0, idle_timeout_s: float = 600.0,
+                 first_call_timeout_s: float = 2.0,
+                 source_factory: Callable[[SourceKey], SignalSource] = default_source_factory,
+                 kube: KubeObserver | None = None, telemetry: Telemetry | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        from scaler import policy
+
+        for label, value in (("interval_s", interval_s), ("staleness_limit_s", staleness_limit_s),
+                             ("idle_timeout_s", idle_timeout_s), ("first_call_timeout_s", first_call_timeout_s)):
+            if not (isinstance(value, (int, float)) and 0 < value < float("inf")):
+                raise ValueError(f"Evaluator {label}={value!r}: must be a finite number of seconds > 0")
+        self._policy = policy
+        self.prometheus_url = prometheus_url.rstrip("/") if prometheus_url else None
+        self.scrape_targets = tuple(scrape_targets)
+        self.interval_s, self.staleness_limit_s = interval_s, staleness_limit_s
+        self.idle_timeout_s, self.first_call_timeout_s = idle_timeout_s, first_call_timeout_s
+        self.source_factory, self.kube, self.clock = source_factory, kube, clock
+        self.telemetry = telemetry or Telemetry()
+        self.telemetry.watch(self.snapshot)
+        self.changed = threading.Condition()
+        """Notified after every evaluation that changed an object's decision (StreamIsActive waits on it)."""
+        self.generation = 0
+        """Counts those changes (read it before looking, then wait until it moves: no lost wake-ups)."""
+        self._entries: dict[ObjectKey, _Entry] = {}
+        self._sources: dict[SourceKey, SignalSource] = {}
+        self._lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="leadscale-fetch")
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._pending: list[_Entry] = []
+        self._batch_scheduled = False
+
+    # --- the RPC side: memory only, except the first call for an unknown object -----------------
+    def config(self, metadata: Mapping[str, str]) -> ScalerConfig:
+        """Parsed metadata (cached); raises ``MetadataError`` also when no source can serve it."""
+        config = parse_metadata(metadata)
+        self._source_key(config)
+        return config
+
+    def lookup(self, namespace: str, name: str, metadata: Mapping[str, str]) -> Answer:
+        """The latest decision for one object; raises ``MetadataError`` or ``Unavailable``."""
+        entry = self._entry(namespace, name, metadata)
+        if not entry.evaluated.wait(self.first_call_timeout_s):
+            raise Unavailable(f"{namespace}/{name}: first evaluation still running after "
+                              f"{self.first_call_timeout_s:g} s; retry shortly")
+        with entry.lock:
+            decision, data_at, error = entry.decision, entry.data_at, entry.error
+        age = self.clock() - data_at
+        if decision is None or age > self.staleness_limit_s:
+            why = error or f"data is {age:.0f} s old"
+            raise Unavailable(f"{namespace}/{name}: no fresh signal within the staleness limit "
+                              f"({self.staleness_limit_s:g} s): {why}")
+        return Answer(entry.config, int(decision.desired_replicas), bool(decision.active), max(age, 0.0))
+
+    def _entry(self, namespace: str, name: str, metadata: Mapping[str, str]) -> _Entry:
+        key = (namespace, name, frozenset(metadata.items()))
+        now = self.clock()
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is not None:
+                entry.last_asked = now
+                return entry
+        config = self.config(metadata)
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is not None:
+                entry.last_asked = now
+                return entry
+            entry = _Entry(namespace, name, config, config.target(namespace), self._source_key(config), now)
+            self._entries[key] = entry
+            self.telemetry.objects.set(len(self._entries))
+            self._pending.append(entry)
+            schedule, self._batch_scheduled = not self._batch_scheduled, True
+        if schedule:
+            self._pool.submit(self._first_batch)
+        return entry
+
+    def _first_batch(self) -> None:
+        """First evaluations of new objects, gathered for a moment so a restart's burst shares fetches."""
+        time.sleep(FIRST_CALL_GATHER_S)
+        with self._lock:
+            batch, self._pending, self._batch_scheduled = self._pending, [], False
+        try:
+            groups: dict[SourceKey, list[_Entry]] = defaultdict(list)
+            for entry in batch:
+                groups[entry.source_key].append(entry)
+            for key, members in groups.items():  # in this thread: no pool job waits on another
+                self._evaluate_group(key, members)
+        finally:  # never leave a caller waiting on an entry the loop would skip
+            for entry in batch:
+                entry.evaluated.set()
+
+    def touch(self, namespace: str, name: str, metadata: Mapping[str, str]) -> None:
+        """Mark an object as still wanted (an open StreamIsActive)."""
+        with self._lock:
+            entry = self._entries.get((namespace, name, frozenset(metadata.items())))
+            if entry is not None:
+                entry.last_asked = self.clock()
+
+    def _source_key(self, config: ScalerConfig) -> SourceKey:
+        if config.scrape_targets:
+            return ("scrape", config.scrape_targets)
+        if config.prometheus_address:
+            return ("prometheus", self.prometheus_url or config.prometheus_address)
+        if self.scrape_targets:
+            return ("scrape", self.scrape_targets)
+        if self.prometheus_url:
+            return ("prometheus", self.prometheus_url)
+        raise MetadataError([Problem("prometheusAddress", None, "a Prometheus URL or scrapeTargets (this scaler "
+                                                                "runs without --prometheus-url and --scrape-targets)")])
+
+    # --- the loop side --------------------------------------------------------------------------
+    def start(self) -> None:
+        """Run ``run_once`` every ``interval_s`` on a daemon thread until ``stop``."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="leadscale-evaluator", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def _loop(self) -> None:
+        next_at = time.monotonic()
+        while not self._stop.is_set():
+            try:
+                self.run_once()
+            except Exception:  # never let one bad round kill the loop
+                LOG.exception("evaluation round failed")
+            next_at = max(next_at + self.interval_s, time.monotonic())
+            self._stop.wait(max(0.0, next_at - time.monotonic()))
+
+    def run_once(self) -> None:
+        """One round: drop idle objects, then evaluate all the others (one fetch per source)."""
+        started = time.perf_counter()
+        now = self.clock()
+        with self._lock:
+            idle = [k for k, e in self._entries.items() if now - e.last_asked > self.idle_timeout_s]
+            dropped = [self._entries.pop(k) for k in idle]
+            entries = [e for e in self._entries.values() if e.evaluated.is_set()]
+            self.telemetry.objects.set(len(self._entries))
+        for entry in dropped:
+            LOG.info("dropping idle scaled object %s/%s", entry.namespace, entry.name)
+        self._evaluate_round(entries)
+        self.telemetry.evaluation_seconds.observe(time.perf_counter() - started)
+
+    def _evaluate_round(self, entries: list[_Entry]) -> None:
+        groups: dict[SourceKey, list[_Entry]] = defaultdict(list)
+        for entry in entries:
+            groups[entry.source_key].append(entry)
+        jobs = [self._pool.submit(self._evaluate_group, key, members) for key, members in groups.items()]
+        for job in jobs:
+            job.result()
+
+    def _evaluate_group(self, key: SourceKey, members: list[_Entry]) -> None:
+        now = self.clock()
+        try:
+            with self._lock:
+                source = self._sources.get(key) or self._sources.setdefault(key, self.source_factory(key))
+            results: dict[Target, Signals | SourceError] = source.fetch([e.target for e in members], now)
+        except Exception as exc:  # a source must not raise, but a broken one must not stop the others
+            LOG.warning("source %s failed: %s: %s", key, type(exc).__name__, exc)
+            results = {e.target: SourceError(f"source {key[0]} failed: {type(exc).__name__}: {exc}") for e in members}
+        for entry in members:
+            try:
+                self._apply(entry, results.get(entry.target, SourceError("the source returned nothing")), now)
+            except Exception as exc:
+                LOG.exception("evaluating %s/%s failed", entry.namespace, entry.name)
+                self._fail(entry, f"evaluation failed: {type(exc).__name__}: {exc}", "internal")
+            finally:
+                entry.evaluated.set()
+
+    def _apply(self, entry: _Entry, result: Signals | SourceError, now: float) -> None:
+        if isinstance(result, SourceError) or not isinstance(result, Signals):
+            self._fail(entry, str(result) or type(result).__name__, "source")
+            return
+        if result.data_age_s > self.staleness_limit_s:
+            self._fail(entry, f"data is {result.data_age_s:.0f} s old (limit {self.staleness_limit_s:g} s)", "stale")
+            return
+        merged = evaluator_kube.Merged(result)
+        if self.kube is not None:
+            try:
+                merged = evaluator_kube.merge(self.kube, entry.namespace, entry.name, result, entry.config.lead_time_auto)
+            except Exception as exc:
+                self._kube_failed(entry, "observe", exc)
+        signals, bounds = merged.signals, (merged.min_replicas, merged.max_replicas)
+        if entry.policy_config is None or entry.policy_bounds != bounds:
+            entry.policy_config, entry.policy_bounds = entry.config.policy_config(*bounds), bounds
+        config = entry.policy_config
+        # only one evaluation of an entry runs at a time (rounds skip entries whose first one is running)
+        state = entry.state if entry.state is not None else self._policy.PolicyState()
+        decision = self._policy.decide(signals, state, config, now)
+        with entry.lock:
+            previous = entry.decision
+            entry.state, entry.decision, entry.error = decision.state, decision, None
+            entry.data_at = now - signals.data_age_s
+        changed = previous is None or (previous.desired_replicas, previous.active) != (
+            decision.desired_replicas, decision.active)
+        if merged.seen and decision.desired_replicas < signals.ready_replicas:
+            try:
+                evaluator_kube.before_scale_down(self.kube, entry.namespace, entry.name, entry.config.model)
+            except Exception as exc:
+                self._kube_failed(entry, "before_scale_down", exc)
+        if changed:
+            self.telemetry.log_decision(entry.namespace, entry.name, decision.desired_replicas, decision.active,
+                                        decision.terms, signals.data_age_s, decision.reason)
+            with self.changed:
+                self.generation += 1
+                self.changed.notify_all()
+
+    def _kube_failed(self, entry: _Entry, what: str, exc: Exception) -> None:
+        LOG.warning("kube %s failed for %s/%s: %s: %s", what, entry.namespace, entry.name, type(exc).__name__, exc)
+        self.telemetry.record_failure(entry.namespace, entry.name, "kube")
+
+    def _fail(self, entry: _Entry, message: str, reason: str) -> None:
+        with entry.lock:
+            entry.error = message
+        self.telemetry.record_failure(entry.namespace, entry.name, reason)
+        LOG.warning("%s/%s: %s", entry.namespace, entry.name, message)
+
+    def snapshot(self) -> list[dict[str, Any]]:
+        """Every object's latest decision and its terms, for ``/decisions``; most recently asked first among
+        objects sharing namespace, name and metric (a trigger whose metadata just changed)."""
+        now = self.clock()
+        with self._lock:
+            entries = list(self._entries.values())
+        out = []
+        for e in entries:
+            with e.lock:
+                d = e.decision
+                out.append({
+                    "namespace": e.namespace, "name": e.name, "model": e.config.model,
+                    "metric_name": e.config.metric_name, "error": e.error,
+                    "data_age_s": None if d is None else round(now - e.data_at, 3),
+                    "desired_replicas": None if d is None else d.desired_replicas,
+                    "active": None if d is None else d.active, "reason": None if d is None else d.reason,
+                    "terms": {} if d is None else dict(d.terms), "last_asked": e.last_asked,
+                })
+        return sorted(out, key=lambda item: (item["namespace"], item["name"], item["metric_name"],
+                                             -item["last_asked"]))

@@ -1,0 +1,391 @@
+"""Trigger metadata → one typed, validated ``ScalerConfig``.
+
+KEDA hands a ScaledObject trigger's ``metadata`` map to the scaler as ``scalerMetadata`` (strings
+only) on every call. Like KEDA's own scalers, every key is declared once (name, default, allowed
+values), one parse gathers *all* problems and raises a single ``MetadataError`` naming key, value
+and what is allowed (the service answers ``INVALID_ARGUMENT``). Unknown keys are errors: a typo
+must not silently become a default that sizes a GPU fleet. Parsing is cached per distinct map.
+
+Policy tunables beyond the core keys (e.g. a backlog drain time) are exposed automatically as
+camelCase keys derived from ``scaler.policy.PolicyConfig``'s field names (``_s`` → ``Seconds``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import functools
+import math
+import re
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from scaler.capacity import ReplicaCapacity
+
+EXPLICIT_CAPACITY_KEYS = ("prefillTokensPerSecond", "decodeTokensPerSecond", "maxNumSeqs", "kvCacheTokens")
+CORE_KEYS = (
+    "model", "prometheusAddress", "profile", *EXPLICIT_CAPACITY_KEYS, "ttftSeconds", "targetUtilization",
+    "leadTime", "scaleDownDelay", "minReplicas", "maxReplicas", "activationQuery", "activationThreshold",
+    "namespaceLabel", "labelSelector", "rateWindow", "scrapeTargets",
+)
+# KEDA's own external-scaler keys: KEDA forwards the whole trigger metadata, these included
+KEDA_KEYS = ("scalerAddress", "enableTLS", "unsafeSsl", "caCert", "tlsCertFile", "tlsClientCert", "tlsClientKey")
+FROM_ENV = "FromEnv"
+_CACHE_SIZE = 1024
+LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+_KINDS = {"number": "a number", "integer": "an integer", "duration": "seconds (a plain number, or with unit ms/s/m/h)"}
+_DURATION = re.compile(r"([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*(ms|s|m|h)?")
+# PolicyConfig field -> the metadata key that sets it (to translate the policy's own errors)
+CORE_POLICY_FIELDS = {
+    "ttft_slo_s": "ttftSeconds", "target_utilization": "targetUtilization", "lead_time_s": "leadTime",
+    "scale_down_delay_s": "scaleDownDelay", "min_replicas": "minReplicas", "max_replicas": "maxReplicas",
+    "activation_threshold": "activationThreshold", "capacity": "profile", "rate_window_s": "rateWindow",
+}
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One bad key: its name, the value given (None: missing) and what is allowed."""
+
+    key: str
+    value: str | None
+    allowed: str
+
+    def __str__(self) -> str:
+        given = "missing" if self.value is None else f"got {self.value!r}"
+        return f"{self.key}: {given}; allowed: {self.allowed}"
+
+
+def _camel(field_name: str) -> str:
+    words = field_name.split("_")
+    if len(words) > 1 and words[-1] == "s":
+        words[-1] = "seconds"
+    return words[0] + "".join(w.capitalize() for w in words[1:])
+
+
+def policy_tunables() -> dict[str, tuple[str, type]]:
+    """Metadata key -> (PolicyConfig field, int|float) for every numeric policy field beyond the core keys."""
+    from scaler.policy import PolicyConfig
+
+    specs: dict[str, tuple[str, type]] = {}
+    for f in dataclasses.fields(PolicyConfig):
+        kind = {"float": float, "int": int}.get(f.type if isinstance(f.type, str) else getattr(f.type, "__name__", ""))
+        if f.name not in CORE_POLICY_FIELDS and kind is not None:
+            specs[_camel(f.name)] = (f.name, kind)
+    return specs
+
+
+class Reader:
+    """Typed reads of one metadata map (strings only) that record problems instead of raising."""
+
+    def __init__(self, raw: Mapping[str, str]) -> None:
+        self.raw = raw
+        self.problems: list[Problem] = []
+
+    def problem(self, key: str, value: str | None, allowed: str) -> None:
+        self.problems.append(Problem(key, value, allowed))
+
+    def text(self, key: str, required: bool = False) -> str | None:
+        """The stripped value; empty counts as unset (blank but non-empty, or missing when required: a problem)."""
+        value = self.raw.get(key)
+        if value is None or not value.strip():
+            if required or value:
+                self.problem(key, value, "a non-empty string")
+            return None
+        return value.strip()
+
+    def number(self, key: str, default: Any, low: float | None = None, high: float | None = None,
+               low_open: bool = False, required: bool = False, kind: str = "number", extra: str = "") -> Any:
+        """A finite number of ``kind`` (number, integer, duration) in range, else ``default`` and a problem."""
+        text = self.text(key, required=required)
+        if text is None:
+            return default
+        value = _convert(text, kind)
+        if value is None or not _in_range(value, low, low_open, high):
+            self.problem(key, text, f"{_range_text(_KINDS[kind], low, low_open, high)} {extra}".strip())
+            return default
+        return value
+
+    def url(self, key: str) -> str | None:
+        text = self.text(key)
+        if text is not None and not _is_url(text):
+            self.problem(key, text, "an http:// or https:// URL with a host and no query")
+            return None
+        return text.rstrip("/") if text and urlsplit(text).path in ("", "/") else text
+
+    def url_list(self, key: str) -> tuple[str, ...]:
+        text = self.text(key)
+        items = tuple(item.strip() for item in (text or "").split(",") if item.strip())
+        if not all(_is_url(item) for item in items):
+            self.problem(key, text, "comma-separated http(s):// URLs of pods' /metrics")
+            return ()
+        return items
+
+
+def _is_url(text: str) -> bool:
+    try:
+        parts = urlsplit(text)
+    except ValueError:  # e.g. an unclosed IPv6 bracket
+        return False
+    return parts.scheme in ("http", "https") and bool(parts.hostname) and not parts.query and not parts.fragment
+
+
+def _convert(text: str, kind: str) -> float | int | None:
+    if kind == "integer":
+        return int(text) if re.fullmatch(r"[+-]?[0-9]{1,12}", text) else None
+    if kind == "duration":
+        match = _DURATION.fullmatch(text)
+        return float(match.group(1)) * DURATION_UNITS[match.group(2) or "s"] if match else None
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def _in_range(value: float, low: float | None, low_open: bool, high: float | None) -> bool:
+    if not math.isfinite(value):
+        return False
+    if low is not None and (value <= low if low_open else value < low):
+        return False
+    return high is None or value <= high
+
+
+def _range_text(kind: str, low: float | None, low_open: bool, high: float | None) -> str:
+    parts = [] if low is None else [f"{'>' if low_open else '>='} {low:g}"]
+    if high is not None:
+        parts.append(f"<= {high:g}")
+    return kind + (" " + " and ".join(parts) if parts else "")
+
+
+class MetadataError(ValueError):
+    """Every problem found in one trigger metadata map; ``str`` lists them all."""
+
+    def __init__(self, problems: list[Problem]) -> None:
+        self.problems = list(problems)
+        super().__init__("invalid trigger metadata: " + "; ".join(str(p) for p in self.problems))
+
+
+@dataclass(frozen=True)
+class ScalerConfig:
+    """One trigger's configuration, validated; build with ``parse_metadata``."""
+
+    model: str
+    capacity: ReplicaCapacity
+    profile: str | None = None
+    prometheus_address: str | None = None
+    ttft_s: float = 2.0
+    target_utilization: float = 0.8
+    lead_time_s: float = 180.0
+    lead_time_auto: bool = False
+    scale_down_delay_s: float = 300.0
+    min_replicas: int | None = None
+    """None: not set in metadata (the ScaledObject's minReplicaCount via the Kubernetes observer, else 0)."""
+    max_replicas: int | None = None
+    activation_query: str | None = None
+    activation_threshold: float = 0.0
+    namespace_label: str | None = None
+    label_selector: tuple[tuple[str, str], ...] = ()
+    rate_window_s: float = 60.0
+    scrape_targets: tuple[str, ...] = ()
+    tunables: tuple[tuple[str, float | int], ...] = ()
+    """Extra ``PolicyConfig`` fields set from metadata, as (field name, value)."""
+
+    @functools.cached_property
+    def metric_name(self) -> str:
+        """Lowercase metric name KEDA registers with the HPA (it prefixes ``s<N>-`` itself)."""
+        slug = re.sub(r"[^a-z0-9]+", "-", self.model.lower()).strip("-")[:48].strip("-")
+        return f"leadscale-{slug or 'model'}"
+
+    def policy_config(self, min_replicas: int | None = None, max_replicas: int | None = None) -> Any:
+        """The policy's config; min/max from metadata win over the ScaledObject's (passed by the caller)."""
+        from scaler.policy import PolicyConfig
+
+        kwargs: dict[str, Any] = dict(
+            capacity=self.capacity, ttft_slo_s=self.ttft_s, target_utilization=self.target_utilization,
+            lead_time_s=self.lead_time_s, scale_down_delay_s=self.scale_down_delay_s,
+            activation_threshold=self.activation_threshold, rate_window_s=self.rate_window_s, **dict(self.tunables),
+        )
+        low = self.min_replicas if self.min_replicas is not None else min_replicas
+        high = self.max_replicas if self.max_replicas is not None else max_replicas
+        if low is not None:
+            kwargs["min_replicas"] = low
+        if high is not None:
+            kwargs["max_replicas"] = max(high, low or 0)
+        return PolicyConfig(**kwargs)
+
+    def target(self, namespace: str | None = None) -> Any:
+        """What the sources measure; ``namespace`` (the ScaledObject's) fills ``namespaceLabel``."""
+        from scaler.sources.base import Target
+
+        matchers = dict(self.label_selector)
+        if self.namespace_label and namespace:
+            matchers[self.namespace_label] = namespace
+        return Target(model=self.model, prometheus_address=self.prometheus_address,
+                      label_matchers=tuple(sorted(matchers.items())), activation_query=self.activation_query,
+                      rate_window_s=self.rate_window_s)
+
+
+def known_keys() -> tuple[str, ...]:
+    """Every accepted metadata key: the core ones, then the policy's tunables."""
+    return CORE_KEYS + tuple(policy_tunables())
+
+
+def _capacity(reader: Reader, ttft_s: float | None) -> tuple[ReplicaCapacity | None, str | None]:
+    profile = reader.text("profile")
+    explicit = [key for key in EXPLICIT_CAPACITY_KEYS if reader.raw.get(key)]
+    if profile is not None and explicit:
+        both = "either profile or the explicit " + "/".join(EXPLICIT_CAPACITY_KEYS) + ", not both"
+        reader.problem(explicit[0], reader.raw[explicit[0]], both)
+        return None, profile
+    if profile is not None:
+        from simulator.profiles import get_profile, list_profiles
+
+        known = list(list_profiles())
+        if profile not in known:  # names only: metadata must not make the scaler read files by path
+            reader.problem("profile", profile, "one of " + ", ".join(known))
+            return None, profile
+        try:
+            return get_profile(profile).capacity(ttft_s if ttft_s is not None else 2.0), profile
+        except (KeyError, ValueError) as exc:
+            reader.problem("profile", profile, f"a profile valid at ttftSeconds={ttft_s} ({exc})")
+            return None, profile
+    if not explicit:
+        reader.problem("profile", None, "a profile name, or all of " + ", ".join(EXPLICIT_CAPACITY_KEYS))
+        return None, None
+    prefill = reader.number("prefillTokensPerSecond", None, low=0.0, low_open=True, required=True)
+    decode = reader.number("decodeTokensPerSecond", None, low=0.0, low_open=True, required=True)
+    seqs = reader.number("maxNumSeqs", None, low=1, required=True, kind="integer")
+    kv = reader.number("kvCacheTokens", None, low=1, required=True, kind="integer")
+    if None in (prefill, decode, seqs, kv):
+        return None, None
+    return ReplicaCapacity(prefill, decode, seqs, kv), None  # type: ignore[arg-type]
+
+
+def _labels(reader: Reader) -> tuple[str | None, tuple[tuple[str, str], ...]]:
+    namespace_label = reader.text("namespaceLabel")
+    if namespace_label is not None and not LABEL_NAME.fullmatch(namespace_label):
+        reader.problem("namespaceLabel", namespace_label, "a Prometheus label name matching [a-zA-Z_][a-zA-Z0-9_]*")
+    pairs: dict[str, str] = {}
+    selector = reader.text("labelSelector")
+    for item in (selector or "").split(","):
+        if not item.strip():
+            continue
+        name, sep, value = item.partition("=")
+        name, value = name.strip(), value.strip()
+        if not sep or not LABEL_NAME.fullmatch(name) or not value or name in pairs:
+            reader.problem("labelSelector", selector, "comma-separated name=value pairs, label names unique and "
+                                                      "matching [a-zA-Z_][a-zA-Z0-9_]*, values non-empty")
+            break
+        pairs[name] = value
+    if namespace_label and namespace_label in pairs:
+        reader.problem("labelSelector", selector, f"no matcher on {namespace_label!r} (namespaceLabel sets it)")
+    return namespace_label, tuple(sorted(pairs.items()))
+
+
+def _resolve_keys(given: Mapping[str, str], known: tuple[str, ...], problems: list[Problem]) -> dict[str, str]:
+    """Drop KEDA's own keys, map ``<key>FromEnv`` (KEDA resolved the value) to ``<key>``, flag unknown keys."""
+    raw: dict[str, str] = {}
+    for key, value in given.items():
+        base = key[: -len(FROM_ENV)] if key.endswith(FROM_ENV) else None
+        if key in KEDA_KEYS:
+            continue
+        if key in known:
+            raw[key] = value
+        elif base in known:
+            if base in given:
+                problems.append(Problem(key, value, f"either {base} or {key}, not both"))
+            else:
+                raw[base] = value
+        else:
+            close = difflib.get_close_matches(key, known, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            problems.append(Problem(key, value, f"a known key{hint}: " + ", ".join(known)))
+    return raw
+
+
+def _parse(given: Mapping[str, str]) -> ScalerConfig:
+    tunable_specs = policy_tunables()
+    problems: list[Problem] = []
+    raw = _resolve_keys(given, known_keys(), problems)
+    reader = Reader(raw)
+    reader.problems.extend(problems)
+    model = reader.text("model", required=True)
+    prometheus_address = reader.url("prometheusAddress")
+    ttft = reader.number("ttftSeconds", 2.0, low=0.0, low_open=True, high=3600.0)
+    utilization = reader.number("targetUtilization", 0.8, low=0.0, low_open=True, high=1.0)
+    lead_auto = raw.get("leadTime", "").strip().lower() == "auto"
+    lead = 180.0 if lead_auto else reader.number("leadTime", 180.0, 0.0, 86400.0, kind="duration", extra="or 'auto'")
+    delay = reader.number("scaleDownDelay", 300.0, 0.0, 7 * 86400.0, kind="duration")
+    window = reader.number("rateWindow", 60.0, 1.0, 86400.0, kind="duration")
+    low = reader.number("minReplicas", None, 0, 100000, kind="integer")
+    high = reader.number("maxReplicas", None, 1, 100000, kind="integer")
+    if low is not None and high is not None and high < low:
+        reader.problem("maxReplicas", raw["maxReplicas"], f"an integer >= minReplicas ({low})")
+    activation_query = reader.text("activationQuery")
+    threshold = reader.number("activationThreshold", 0.0, low=0.0)
+    if "activationThreshold" in raw and activation_query is None:
+        reader.problem("activationThreshold", raw["activationThreshold"], "set only together with activationQuery")
+    namespace_label, selector = _labels(reader)
+    scrape_targets = reader.url_list("scrapeTargets")
+    capacity, profile = _capacity(reader, ttft)
+    tunables = []
+    for key, (field_name, kind) in sorted(tunable_specs.items()):
+        value = reader.number(key, None, kind="integer" if kind is int else "number")
+        if value is not None:
+            tunables.append((field_name, value))
+    if reader.problems or capacity is None or model is None:
+        raise MetadataError(reader.problems or [Problem("profile", None, "a replica capacity")])
+    config = ScalerConfig(
+        model=model, capacity=capacity, profile=profile, prometheus_address=prometheus_address, ttft_s=ttft,
+        target_utilization=utilization, lead_time_s=lead, lead_time_auto=lead_auto, scale_down_delay_s=delay,
+        min_replicas=low, max_replicas=high, activation_query=activation_query, activation_threshold=threshold,
+        namespace_label=namespace_label, label_selector=selector, rate_window_s=window,
+        scrape_targets=scrape_targets, tunables=tuple(tunables),
+    )
+    _check_policy(config, raw, {field: key for key, (field, _) in tunable_specs.items()})
+    return config
+
+
+def _check_policy(config: ScalerConfig, raw: Mapping[str, str], key_of_field: dict[str, str]) -> None:
+    """Let the policy's own validation speak too, each complaint translated back to its metadata key."""
+    try:
+        config.policy_config()
+    except (TypeError, ValueError) as exc:
+        keys = {**CORE_POLICY_FIELDS, **key_of_field}
+        problems = []
+        for part in str(exc).split(": ", 1)[-1].split("; "):
+            field_name, _, rest = part.partition("=")
+            key = keys.get(field_name.strip(), "metadata")
+            allowed = rest.split(": must be ", 1)[-1] if ": must be " in rest else part
+            problems.append(Problem(key, raw.get(key), allowed))
+        raise MetadataError(problems) from None
+
+
+_cache: dict[frozenset[tuple[str, str]], ScalerConfig | list[Problem]] = {}
+_cache_lock = threading.Lock()
+
+
+def parse_metadata(raw: Mapping[str, str]) -> ScalerConfig:
+    """Validate one trigger's metadata map; raises ``MetadataError`` listing every problem."""
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in getattr(raw, "items", dict)()):
+        raise MetadataError([Problem("metadata", repr(raw)[:200], "a map of strings to strings")])
+    key = frozenset(raw.items())
+    with _cache_lock:
+        hit = _cache.get(key)
+    if hit is None:  # parse outside the lock: two threads may both parse a new map, harmlessly
+        try:
+            hit = _parse(raw)
+        except MetadataError as exc:
+            hit = exc.problems
+        with _cache_lock:
+            if len(_cache) >= _CACHE_SIZE:
+                _cache.clear()
+            _cache[key] = hit
+    if isinstance(hit, list):
+        raise MetadataError(hit)
+    return hit
+

@@ -1,0 +1,305 @@
+"""The one scaling decision, run live by the scaler and inside the simulator.
+
+``decide(signals, state, config, now)`` is pure: no clock, no I/O, no randomness; its memory is the
+immutable ``PolicyState`` it returns. It sizes a vLLM fleet in *replica units* (1.0 = the token work
+one replica sustains within the SLO, ``ReplicaCapacity``):
+
+1. demand = prompt tokens/s ÷ prefill capacity + generated tokens/s ÷ decode capacity, plus the
+   growth of the waiting backlog over the rate window (a saturated fleet's throughput understates
+   what arrives: arrivals = served + backlog growth);
+2. forecast = demand + the confident part of its robust trend × lead time;
+3. projected backlog = what is still queued when replicas ordered now could be ready, with the
+   replicas already starting counted as they come (no 2→4→8 runaway);
+4. needed = max(forecast ÷ target utilization, forecast + projected backlog ÷ drain time);
+5. desired = the largest recommendation of the last ``scale_down_delay_s`` (scale-up is immediate,
+   scale-down waits), bounded by min/max and at least 1 while active.
+
+The maths and every term are explained in docs/policy.md.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from scaler import forecast, window
+from scaler.capacity import ReplicaCapacity
+from scaler.signals import Signals
+
+BIG = 1e12
+"""Ceiling for every derived quantity: absurd but finite inputs give absurd but finite terms."""
+
+MIN_SERVED_FOR_KV = 0.25
+"""Replica units of served work below which the KV/token ratio is not observed (too noisy)."""
+
+MAX_KV_FACTOR = 50.0
+"""Cap on the KV binding factor: a ratio beyond this is a broken measurement."""
+
+MAX_LEAD_TIME_S = 86_400.0
+"""A measured lead time above a day is a broken measurement; it is clipped, not trusted."""
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """The policy's settings; validated on construction (``ValueError`` naming field, value, range).
+
+    Defaults and why: ``target_utilization`` 0.8 leaves room for arrival variance within the SLO;
+    ``backlog_drain_s`` 60 equals the usual rate window (a faster drain cannot be observed in 60 s
+    rates, so it would only overshoot); ``trend_window_s`` 120 holds ~24 samples at the 5 s interval,
+    enough for Theil–Sen to shrug off outliers while following a ramp within two minutes;
+    ``trend_confidence`` 0.8 extrapolates only a slope that is positive with 90 % one-sided confidence.
+    """
+
+    capacity: ReplicaCapacity
+    ttft_slo_s: float = 2.0
+    target_utilization: float = 0.8
+    lead_time_s: float = 180.0
+    scale_down_delay_s: float = 300.0
+    min_replicas: int = 0
+    max_replicas: int = 1000
+    activation_threshold: float = 0.0
+    backlog_drain_s: float = 60.0
+    """Seconds in which a backlog left when new replicas arrive should be cleared."""
+    trend_window_s: float = 600.0
+    """Seconds of demand history behind the trend."""
+    trend_confidence: float = 0.8
+    """Two-sided confidence of the Theil–Sen interval whose lower bound is extrapolated."""
+    rate_window_s: float = 60.0
+    """Window of the token-rate signals; backlog growth is measured over the same window."""
+
+    def __post_init__(self) -> None:
+        problems: list[str] = []
+        if not isinstance(self.capacity, ReplicaCapacity):
+            problems.append(f"capacity={self.capacity!r}: must be a ReplicaCapacity")
+
+        def number(name: str, low: float, high: float, low_open: bool, allowed: str) -> None:
+            value = getattr(self, name)
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            ok = ok and (value > low if low_open else value >= low) and value <= high
+            if not ok:
+                problems.append(f"{name}={value!r}: must be {allowed}")
+
+        number("ttft_slo_s", 0.0, math.inf, True, "a finite number > 0")
+        number("target_utilization", 0.0, 1.0, True, "a number with 0 < u <= 1")
+        number("lead_time_s", 0.0, MAX_LEAD_TIME_S, False, f"a number in [0, {MAX_LEAD_TIME_S:g}]")
+        number("scale_down_delay_s", 0.0, math.inf, False, "a finite number >= 0")
+        number("activation_threshold", -math.inf, math.inf, False, "a finite number")
+        number("backlog_drain_s", 0.0, math.inf, True, "a finite number > 0")
+        number("trend_window_s", 0.0, math.inf, True, "a finite number > 0")
+        number("trend_confidence", 0.0, 1.0, True, "a number with 0 < c < 1")
+        number("rate_window_s", 0.0, math.inf, True, "a finite number > 0")
+        if self.trend_confidence == 1.0:
+            problems.append("trend_confidence=1.0: must be a number with 0 < c < 1")
+        for name in ("min_replicas", "max_replicas"):
+            value = getattr(self, name)
+            if not (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
+                problems.append(f"{name}={value!r}: must be an integer >= 0")
+        if isinstance(self.max_replicas, int) and isinstance(self.min_replicas, int):
+            if self.max_replicas < 1:
+                problems.append(f"max_replicas={self.max_replicas!r}: must be >= 1")
+            elif self.max_replicas < self.min_replicas:
+                problems.append(f"max_replicas={self.max_replicas!r}: must be >= min_replicas={self.min_replicas!r}")
+        if problems:
+            raise ValueError("invalid PolicyConfig: " + "; ".join(problems))
+
+
+@dataclass(frozen=True)
+class PolicyState:
+    """What the policy remembers between decisions; ``PolicyState()`` is the initial state."""
+
+    demand: window.Samples = ()
+    """(t, demand in replica units) over ``trend_window_s``: the trend's input."""
+    waiting: window.Samples = ()
+    """(t, waiting tokens) over the rate window: backlog growth."""
+    kv_factor: window.Samples = ()
+    """(t, KV share / token share of the fleet) over the rate window: how much the KV cache binds."""
+    recommendations: window.Samples = ()
+    """(t, recommended replicas) over ``scale_down_delay_s``: the scale-down stabilization window."""
+    starting_since: tuple[float, ...] = ()
+    """When each replica now starting was first seen (oldest first): its expected arrival."""
+    first_seen: float | None = None
+    """Time of the first decision: before ``scale_down_delay_s`` of history, never go below the fleet."""
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The desired replica count, whether the model is active, and everything behind the number."""
+
+    desired_replicas: int
+    active: bool
+    terms: Mapping[str, float]
+    reason: str
+    state: PolicyState = field(repr=False)
+
+
+def _clip(x: float) -> float:
+    """Keep a derived value finite and non-negative (NaN becomes 0)."""
+    return min(max(x, 0.0), BIG) if x == x else 0.0
+
+
+def _waiting_tokens(signals: Signals, config: PolicyConfig) -> tuple[float, float]:
+    """Waiting prompt tokens and 1.0 when estimated.
+
+    vLLM exports no waiting-token count: estimate it as waiting requests × mean prompt length. With
+    no mean known, assume each waiting request fills its share of the KV cache
+    (``kv_cache_tokens / max_num_seqs``): a deliberately generous size, so a queue is never mistaken
+    for a light one.
+    """
+    if signals.waiting_tokens is not None:
+        return _clip(signals.waiting_tokens), 0.0
+    mean = signals.mean_prompt_tokens
+    if mean is None or mean <= 0:
+        mean = config.capacity.kv_cache_tokens / config.capacity.max_num_seqs
+    return _clip(signals.requests_waiting * mean), 1.0
+
+
+def _work_per_waiting_token(signals: Signals, cap: ReplicaCapacity) -> float:
+    """Replica-seconds of work one waiting prompt token brings: its prefill plus, when mean lengths are
+    known, its share of decode (mean output / mean prompt tokens of generation). Without the means only
+    prefill is counted: the queue drains, and TTFT is met, when prompts are admitted; their decode
+    shows up in the generation rate once they run. Independent of the current rates, so more load
+    never lowers it.
+    """
+    work = 1.0 / cap.prefill_tokens_per_s
+    mean_prompt, mean_output = signals.mean_prompt_tokens, signals.mean_output_tokens
+    if mean_prompt is not None and mean_output is not None and mean_prompt > 0 and mean_output > 0:
+        work += _clip(mean_output / mean_prompt) / cap.decode_tokens_per_s
+    return _clip(work)
+
+
+def _kv_binding(signals: Signals, state: PolicyState, served: float, now: float,
+                keep_s: float) -> tuple[float, float, window.Samples]:
+    """KV cache in use (replica units), the KV binding factor, and the factor's updated window.
+
+    Token capacity assumes the KV cache holds enough sequences; long contexts or slow decode fill it
+    first, and then a replica serves fewer tokens than its capacity says. The fleet's KV share
+    (``kv_cache_usage × ready``) over its token share (``served``) measures that: above 1, every
+    replica unit of token work needs that many replicas of KV. The factor is the median of the
+    *previous* rate window's observations (robust to scrape steps; taken from history so that more
+    load now can never lower it), at least 1, and observed only while at least a quarter replica of
+    work is served (below that the ratio is noise).
+    """
+    usage = signals.kv_cache_usage
+    kv_replicas = _clip(min(max(usage, 0.0), 1.0) * signals.ready_replicas) if usage is not None else 0.0
+    past = tuple(sample for sample in window.since(state.kv_factor, now - keep_s) if sample[0] < now)
+    factor = 1.0
+    if past:
+        factor = min(max(float(statistics.median(v for _, v in past)), 1.0), MAX_KV_FACTOR)
+    samples = state.kv_factor
+    if usage is not None and served >= MIN_SERVED_FOR_KV:
+        samples = window.push(samples, now, min(kv_replicas / served, MAX_KV_FACTOR), keep_s)
+    else:
+        samples = window.since(samples, now - keep_s)
+    return kv_replicas, factor, samples
+
+
+def _track_starting(previous: tuple[float, ...], starting: int, now: float) -> tuple[float, ...]:
+    """FIFO of first-seen times: replicas that became ready are assumed to be the oldest ones."""
+    kept = previous[len(previous) - starting:] if len(previous) > starting else previous
+    return tuple(kept) + (now,) * (starting - len(kept))
+
+
+def decide(signals: Signals, state: PolicyState, config: PolicyConfig, now: float) -> Decision:
+    """Desired replicas for one model at time ``now`` (seconds, the caller's clock)."""
+    if not (isinstance(now, (int, float)) and math.isfinite(now)):
+        raise ValueError(f"now={now!r}: must be a finite number of seconds")
+    cap = config.capacity
+    lead = signals.lead_time_s if signals.lead_time_s is not None and signals.lead_time_s >= 0 else None
+    lead_s = min(lead if lead is not None else config.lead_time_s, MAX_LEAD_TIME_S)
+
+    # 1. demand: served work plus backlog growth over the rate window (conservation of work)
+    waiting_tokens, estimated = _waiting_tokens(signals, config)
+    prompt_tps = _clip(signals.prompt_tokens_per_s)
+    generation_tps = _clip(signals.generation_tokens_per_s)
+    served = _clip(prompt_tps / cap.prefill_tokens_per_s + generation_tps / cap.decode_tokens_per_s)
+    work_per_token = _work_per_waiting_token(signals, cap)
+    growth_tps = 0.0
+    past_t = now - config.rate_window_s
+    past = window.value_at(state.waiting, past_t)
+    if past is None and state.waiting and now - state.waiting[0][0] >= config.rate_window_s / 2:
+        past_t, past = state.waiting[0]  # young history: the oldest sample if it spans half the window
+    if past is not None:
+        growth_tps = (waiting_tokens - past) / (now - past_t)
+    kv_replicas, kv_factor, kv_samples = _kv_binding(signals, state, served, now, config.rate_window_s)
+    level = _clip(kv_factor * (served + max(-BIG, min(growth_tps, BIG)) * work_per_token))
+
+    # 2. forecast over the lead time from the confident part of the trend
+    demand_samples = window.push(state.demand, now, level, config.trend_window_s)
+    trend = forecast.robust_trend(demand_samples, config.trend_confidence, config.trend_window_s / 2)
+    predicted = _clip(level + trend.used * lead_s)
+
+    # 3. backlog when new replicas could arrive, counting those already starting as they come
+    starting_since = _track_starting(state.starting_since, signals.starting_replicas, now)
+    arrivals = tuple(max(0.0, lead_s - (now - t)) for t in starting_since)
+    backlog = _clip(kv_factor * waiting_tokens * work_per_token)
+    projected = _clip(forecast.project_backlog(backlog, level, trend.used, signals.ready_replicas, arrivals, lead_s))
+
+    # 4. replicas needed at the horizon
+    for_utilization = max(predicted, kv_replicas) / config.target_utilization
+    for_backlog = predicted + projected / config.backlog_drain_s
+    needed = min(max(for_utilization, for_backlog), float(config.max_replicas))
+
+    # 5. activity, bounds and the scale-down stabilization window
+    active = (signals.requests_waiting > 0 or signals.requests_running > 0
+              or (signals.activation_value is not None and signals.activation_value > config.activation_threshold))
+    recommended = min(max(math.ceil(needed - 1e-9), config.min_replicas), config.max_replicas)
+    if active:
+        recommended = max(recommended, 1)
+    recommendations = window.push_max(state.recommendations, now, float(recommended), config.scale_down_delay_s)
+    stabilized = window.maximum(recommendations, now - config.scale_down_delay_s) or 0.0
+    current = signals.ready_replicas + signals.starting_replicas
+    first_seen = now if state.first_seen is None else state.first_seen
+    if now - first_seen < config.scale_down_delay_s:
+        stabilized = max(stabilized, float(current))  # a fresh scaler has no window yet: hold the fleet
+    desired = min(max(int(stabilized), recommended, config.min_replicas), config.max_replicas)
+
+    terms = {
+        "lead_time_s": lead_s,
+        "waiting_tokens": waiting_tokens,
+        "waiting_tokens_estimated": estimated,
+        "served_replicas": served,
+        "backlog_growth_tokens_per_s": max(-BIG, min(growth_tps, BIG)),
+        "kv_replicas": kv_replicas,
+        "kv_factor": kv_factor,
+        "demand_replicas": level,
+        "trend_replicas_per_s": max(-BIG, min(trend.slope, BIG)),
+        "trend_used_replicas_per_s": trend.used,
+        "forecast_replicas": predicted,
+        "backlog_replica_s": backlog,
+        "projected_backlog_replica_s": projected,
+        "ready_replicas": float(signals.ready_replicas),
+        "starting_replicas": float(signals.starting_replicas),
+        "needed_for_utilization": for_utilization,
+        "needed_for_backlog": for_backlog,
+        "recommended_replicas": float(recommended),
+        "stabilized_replicas": stabilized,
+        "desired_replicas": float(desired),
+        "active": 1.0 if active else 0.0,
+    }
+    new_state = PolicyState(
+        demand=demand_samples,
+        waiting=window.push(state.waiting, now, waiting_tokens, config.rate_window_s * 1.5),
+        kv_factor=kv_samples,
+        recommendations=recommendations,
+        starting_since=starting_since,
+        first_seen=first_seen,
+    )
+    return Decision(desired, active, MappingProxyType(terms), _reason(desired, recommended, current, predicted,
+                                                                       lead_s, config), new_state)
+
+
+def _reason(desired: int, recommended: int, current: int, predicted: float, lead_s: float,
+            config: PolicyConfig) -> str:
+    """One sentence a person can check against the terms."""
+    outlook = f"forecast demand {predicted:.2f} replicas in {lead_s:g} s at {config.target_utilization:g} target"
+    if recommended < desired:
+        return (f"keep {desired} (now {current}): {outlook} needs {recommended}, but scale-down waits out the "
+                f"{config.scale_down_delay_s:g} s stabilization window")
+    if desired > current:
+        return f"scale up from {current} to {desired}: {outlook}"
+    if desired < current:
+        return f"scale down from {current} to {desired}: {outlook}, stable for {config.scale_down_delay_s:g} s"
+    return f"hold {desired}: {outlook}"

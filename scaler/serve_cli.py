@@ -1,0 +1,132 @@
+"""``leadscale serve``: run the KEDA external scaler (gRPC) and its own metrics endpoint.
+
+Every flag has an environment-variable twin (``LEADSCALE_<FLAG>``, dashes as underscores) so the
+Helm chart can configure the container without rewriting its command line; a flag given on the
+command line wins over the environment. Heavy imports (grpc, prometheus_client) happen in ``run``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+from collections.abc import Callable
+from typing import Any
+
+ENV_PREFIX = "LEADSCALE_"
+
+
+def _env_name(flag: str) -> str:
+    return ENV_PREFIX + flag.lstrip("-").replace("-", "_").upper()
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be a number of seconds > 0") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be a finite number of seconds > 0")
+    return value
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be a port number 0..65535") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be a port number 0..65535")
+    return value
+
+
+def _workers(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be an integer >= 4") from None
+    if value < 4:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be an integer >= 4")
+    return value
+
+
+def _bool(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"{text!r}: must be true or false")
+
+
+# (flag, type, default, help); the environment default is resolved at parse time
+FLAGS: tuple[tuple[str, Callable[[str], Any], Any, str], ...] = (
+    ("--host", str, "0.0.0.0", "address the gRPC and metrics servers listen on"),
+    ("--port", _port, 9090, "gRPC port KEDA connects to (scalerAddress)"),
+    ("--metrics-port", _port, 9091, "port of the scaler's own /metrics and /decisions; 0 picks a free one"),
+    ("--prometheus-url", str, None, "default Prometheus for triggers without prometheusAddress"),
+    ("--scrape-targets", str, None, "comma-separated pod /metrics URLs: direct-scrape mode instead of Prometheus"),
+    ("--interval", _positive_float, 5.0, "seconds between evaluations of each scaled object"),
+    ("--staleness-limit", _positive_float, 60.0,
+     "seconds a last good decision may be reused after failed fetches; older means UNAVAILABLE"),
+    ("--idle-timeout", _positive_float, 600.0, "drop a scaled object not asked about for this many seconds"),
+    ("--kubernetes", _bool, False,
+     "read ready/starting pods, measured lead time and min/max from the API server (in-cluster or kubeconfig)"),
+    ("--deletion-cost", _bool, False,
+     "with --kubernetes: before a scale-down, mark the least busy pods for deletion (pod-deletion-cost)"),
+    ("--max-workers", _workers, 256, "gRPC worker threads (each open StreamIsActive holds one)"),
+    ("--tls-cert", str, None, "server certificate (PEM); enables TLS"),
+    ("--tls-key", str, None, "server private key (PEM)"),
+    ("--tls-client-ca", str, None, "CA bundle (PEM) that client certificates must chain to; enables mTLS"),
+    ("--log-level", str, "INFO", "Python logging level"),
+)
+
+
+def _env_default(flag: str, convert: Callable[[str], Any], default: Any) -> Any:
+    raw = os.environ.get(_env_name(flag))
+    if raw is None or raw == "":
+        return default
+    try:
+        return convert(raw)
+    except argparse.ArgumentTypeError as exc:
+        raise SystemExit(f"leadscale serve: environment {_env_name(flag)}={raw!r}: {exc}") from None
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the ``serve`` subcommand."""
+    parser = subparsers.add_parser(
+        "serve",
+        help="run the KEDA external scaler (gRPC) with its metrics endpoint",
+        description="Run the KEDA external scaler. Every flag can also be set as LEADSCALE_<FLAG> "
+                    "(e.g. LEADSCALE_PROMETHEUS_URL); the command line wins.",
+    )
+    for flag, convert, default, text in FLAGS:
+        parser.add_argument(flag, type=convert, default=None,
+                            help=f"{text} (env {_env_name(flag)}; default {default})")
+    parser.set_defaults(func=run)
+
+
+def resolve(args: argparse.Namespace) -> argparse.Namespace:
+    """Fill flags not given on the command line from the environment, then from the defaults."""
+    values = {}
+    for flag, convert, default, _ in FLAGS:
+        dest = flag.lstrip("-").replace("-", "_")
+        given = getattr(args, dest, None)
+        values[dest] = given if given is not None else _env_default(flag, convert, default)
+    problems = []
+    if bool(values["tls_cert"]) != bool(values["tls_key"]):
+        problems.append("--tls-cert and --tls-key must be given together")
+    if values["deletion_cost"] and not values["kubernetes"]:
+        problems.append("--deletion-cost needs --kubernetes")
+    if values["tls_client_ca"] and not values["tls_cert"]:
+        problems.append("--tls-client-ca (mTLS) needs --tls-cert and --tls-key")
+    if problems:
+        raise SystemExit("leadscale serve: " + "; ".join(problems))
+    return argparse.Namespace(**{**vars(args), **values})
+
+
+def run(args: argparse.Namespace) -> int:
+    """Start the servers and block until SIGTERM/SIGINT."""
+    from scaler.service import serve_forever
+
+    return serve_forever(resolve(args))

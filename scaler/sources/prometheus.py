@@ -1,0 +1,243 @@
+"""Signals from Prometheus: one PromQL per signal, batched over every target on the same server.
+
+Targets that share a Prometheus address, a rate window and the same label-matcher *names* form one
+group. Each signal is one query over the whole group, ``sum by (model_name, <names>)`` with regex
+filters listing the group's models and label values; the answer is then split per target. So the
+cost per evaluation round is about ten queries per group, however many scaled objects there are.
+
+What each number means, and why (``docs/signals.md`` has every query):
+- Token rates use ``rate()``, which already handles counter resets (a pod restart).
+- Mean prompt / output lengths are ``rate(_sum) / rate(_count)`` of vLLM's request histograms;
+  with no finished request in the window they are ``None`` (not measured), never zero.
+- Ready replicas are distinct ``instance`` values reporting ``vllm:num_requests_running`` (a pod
+  with several data-parallel engines is one replica); KV usage is the mean over those replicas.
+- Data age is the Prometheus evaluation time minus the newest sample's ``timestamp()``: both come
+  from Prometheus, so the scaler's own clock and clock skew do not enter.
+- ``waiting_tokens`` stays ``None``: vLLM exports no waiting-token count; the policy estimates it.
+
+A model with no series at all is ``SourceError("no data")``, never zeros, unless the target has an
+activation query that answered: then the model really has no ready replica and the snapshot says so
+(``ready_replicas=0``) with the activation value, which is what lets KEDA scale from zero.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import threading
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from scaler.signals import Signals
+from scaler.sources.base import SourceError, Target
+
+GroupKey = tuple[str, float, tuple[str, ...]]
+SeriesKey = tuple[str, tuple[str, ...]]  # (model_name, values of the group's label names)
+
+
+def promql_string(value: str) -> str:
+    """Quote ``value`` as a PromQL double-quoted string literal (backslashes, quotes, newlines)."""
+    escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\r", "\\r")
+    return f'"{escaped}"'
+
+
+RE2_SPECIAL = re.compile(r"([\\.+*?()|\[\]{}^$])")
+
+
+def regex_any_of(values: Sequence[str]) -> str:
+    """A PromQL regex-matcher literal that matches exactly one of ``values`` (Prometheus anchors it)."""
+    return promql_string("|".join(RE2_SPECIAL.sub(r"\\\1", v) for v in sorted(set(values))))
+
+
+def promql_duration(seconds: float) -> str:
+    """A PromQL range duration; milliseconds keep fractional windows exact (``1500ms``)."""
+    millis = max(1, round(seconds * 1000))
+    return f"{millis // 1000}s" if millis % 1000 == 0 else f"{millis}ms"
+
+
+def group_queries(models: Sequence[str], matchers: dict[str, list[str]], window_s: float) -> dict[str, str]:
+    """The PromQL of every signal for one group of targets, keyed by signal name."""
+    selector = ",".join([f"model_name=~{regex_any_of(models)}",
+                         *(f"{name}=~{regex_any_of(values)}" for name, values in sorted(matchers.items()))])
+    by = ", ".join(["model_name", *sorted(matchers)])
+    window = promql_duration(window_s)
+
+    def rate(metric: str) -> str:
+        return f"sum by ({by}) (rate({metric}{{{selector}}}[{window}]))"
+
+    def mean(histogram: str) -> str:
+        return f"{rate(histogram + '_sum')} / {rate(histogram + '_count')}"
+
+    return {
+        "prompt_tokens_per_s": rate("vllm:prompt_tokens_total"),
+        "generation_tokens_per_s": rate("vllm:generation_tokens_total"),
+        "requests_waiting": f"sum by ({by}) (vllm:num_requests_waiting{{{selector}}})",
+        "requests_running": f"sum by ({by}) (vllm:num_requests_running{{{selector}}})",
+        "ready_replicas": f"count by ({by}) (count by ({by}, instance) (vllm:num_requests_running{{{selector}}}))",
+        "mean_prompt_tokens": mean("vllm:request_prompt_tokens"),
+        "mean_output_tokens": mean("vllm:request_generation_tokens"),
+        "kv_cache_usage": f"avg by ({by}) (avg by ({by}, instance) (vllm:kv_cache_usage_perc{{{selector}}}))",
+        "newest_sample": f"max by ({by}) (timestamp(vllm:num_requests_running{{{selector}}}))",
+    }
+
+
+def _float(raw: Any) -> float:
+    try:
+        return float(raw)
+    except (TypeError, ValueError, OverflowError):
+        return math.nan
+
+
+def _sample(row: Any) -> tuple[float, float]:
+    """(evaluation time, value) of one instant-vector row; NaN for anything malformed."""
+    value = row.get("value") if isinstance(row, dict) else None
+    if isinstance(value, (list, tuple)) and len(value) == 2:
+        return _float(value[0]), _float(value[1])
+    return math.nan, math.nan
+
+
+class PrometheusSource:
+    """Reads vLLM's metrics from Prometheus with prometheus-api-client.
+
+    ``PrometheusSource("http://prometheus:9090", timeout_s=2).fetch(targets, now=time.time())``
+    returns ``{target: Signals | SourceError}``. A target's ``prometheus_address`` overrides ``url``.
+    One failed query fails only the targets it serves, each with a ``SourceError`` naming the query.
+    """
+
+    def __init__(self, url: str, timeout_s: float = 2.0) -> None:
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+            raise ValueError(f"PrometheusSource url={url!r}: must be an http:// or https:// URL")
+        if not (isinstance(timeout_s, (int, float)) and math.isfinite(timeout_s) and timeout_s > 0):
+            raise ValueError(f"PrometheusSource timeout_s={timeout_s!r}: must be a finite number > 0")
+        self.url = url.rstrip("/")
+        self.timeout_s = float(timeout_s)
+        self._clients: dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    def _client(self, address: str) -> Any:
+        """One PrometheusConnect per address, without urllib3's retries and backoff (the loop retries)."""
+        with self._lock:
+            if address not in self._clients:
+                from prometheus_api_client import PrometheusConnect
+                from urllib3.util.retry import Retry
+
+                self._clients[address] = PrometheusConnect(url=address, retry=Retry(total=0, raise_on_status=False),
+                                                           timeout=self.timeout_s)  # type: ignore[arg-type]
+            return self._clients[address]
+
+    def query(self, address: str, promql: str) -> list[Any]:
+        """Run one instant query; any failure (unreachable, HTTP error, bad answer) is a SourceError."""
+        try:
+            result = self._client(address).custom_query(promql)
+        except Exception as exc:  # requests, urllib3 and the client each raise their own types
+            detail = str(exc)[:300]
+            raise SourceError(f"Prometheus {address} failed query {promql!r}: {type(exc).__name__}: {detail}") from exc
+        if not isinstance(result, list):
+            raise SourceError(f"Prometheus {address} answered {promql!r} with {type(result).__name__}, not a list")
+        return result
+
+    def fetch(self, targets: Sequence[Target], now: float) -> dict[Target, Signals | SourceError]:
+        """Measure every target; ``now`` (Unix seconds) stamps the snapshots."""
+        groups: dict[GroupKey, list[Target]] = defaultdict(list)
+        for target in dict.fromkeys(targets):
+            address = (target.prometheus_address or self.url).rstrip("/")
+            groups[(address, target.rate_window_s, tuple(sorted(k for k, _ in target.label_matchers)))].append(target)
+        out: dict[Target, Signals | SourceError] = {}
+        for (address, window_s, names), members in groups.items():
+            out.update(self._fetch_group(address, window_s, names, members, now))
+        return out
+
+    def _fetch_group(self, address: str, window_s: float, names: tuple[str, ...], members: list[Target],
+                     now: float) -> dict[Target, Signals | SourceError]:
+        matchers: dict[str, list[str]] = {name: [] for name in names}
+        for target in members:
+            for name, value in target.label_matchers:
+                matchers[name].append(value)
+        tables: dict[str, dict[SeriesKey, float]] = {}
+        eval_time = math.nan
+        try:
+            for signal, promql in group_queries([t.model for t in members], matchers, window_s).items():
+                rows = self.query(address, promql)
+                tables[signal] = self._table(rows, names)
+                if rows and signal == "newest_sample":
+                    eval_time = _sample(rows[0])[0]
+        except SourceError as exc:
+            return {target: exc for target in members}
+        out: dict[Target, Signals | SourceError] = {}
+        for target in members:
+            try:
+                out[target] = self._assemble(target, address, names, tables, eval_time, now)
+            except SourceError as exc:
+                out[target] = exc
+            except ValueError as exc:  # Signals refused a value (absurd but finite sums overflowing, ...)
+                out[target] = SourceError(f"Prometheus {address} gave unusable numbers for {target.model!r}: {exc}")
+        return out
+
+    @staticmethod
+    def _table(rows: list[Any], names: tuple[str, ...]) -> dict[SeriesKey, float]:
+        table: dict[SeriesKey, float] = {}
+        for row in rows:
+            if not isinstance(row, dict) or not isinstance(row.get("metric"), dict):
+                raise SourceError(f"unexpected Prometheus row {row!r}: want {{'metric': {{...}}, 'value': [t, v]}}")
+            labels = row["metric"]
+            key = (str(labels.get("model_name", "")), tuple(str(labels.get(n, "")) for n in names))
+            table[key] = _sample(row)[1]
+        return table
+
+    def _assemble(self, target: Target, address: str, names: tuple[str, ...], tables: dict[str, dict[SeriesKey, float]],
+                  eval_time: float, now: float) -> Signals:
+        values = dict(target.label_matchers)
+        key = (target.model, tuple(values[n] for n in names))
+        where = f"model_name={target.model!r}" + "".join(f", {n}={values[n]!r}" for n in names)
+        activation = self._activation(target, address)
+        if key not in tables["ready_replicas"]:
+            if activation is not None:
+                return Signals(at=now, prompt_tokens_per_s=0.0, generation_tokens_per_s=0.0, requests_waiting=0.0,
+                               requests_running=0.0, ready_replicas=0, activation_value=activation)
+            raise SourceError(f"no data: Prometheus {address} has no vllm:num_requests_running series for {where} "
+                              "(no ready replica, a wrong model name or label, or scraping is broken)")
+
+        def required(signal: str, hint: str) -> float:
+            value = tables[signal].get(key, math.nan)
+            if not (math.isfinite(value) and value >= 0):
+                raise SourceError(f"no data: {signal} for {where} is {value!r} on {address} ({hint})")
+            return value
+
+        def optional(signal: str, clamp: Callable[[float], float] = lambda v: v) -> float | None:
+            value = tables[signal].get(key, math.nan)
+            return clamp(value) if math.isfinite(value) and value >= 0 else None
+
+        newest = tables["newest_sample"].get(key, math.nan)
+        age = max(0.0, eval_time - newest) if math.isfinite(eval_time) and math.isfinite(newest) else 0.0
+        window = promql_duration(target.rate_window_s)
+        return Signals(
+            at=now,
+            prompt_tokens_per_s=required("prompt_tokens_per_s", f"rate() needs two samples within {window}"),
+            generation_tokens_per_s=required("generation_tokens_per_s", f"rate() needs two samples within {window}"),
+            requests_waiting=required("requests_waiting", "gauge missing"),
+            requests_running=required("requests_running", "gauge missing"),
+            ready_replicas=int(required("ready_replicas", "no series")),
+            mean_prompt_tokens=optional("mean_prompt_tokens"),
+            mean_output_tokens=optional("mean_output_tokens"),
+            kv_cache_usage=optional("kv_cache_usage", lambda v: min(v, 1.0)),
+            activation_value=activation,
+            data_age_s=age,
+        )
+
+    def _activation(self, target: Target, address: str) -> float | None:
+        """The target's own activation query, summed over its series; None when it returns nothing."""
+        if target.activation_query is None:
+            return None
+        rows = self.query(address, target.activation_query)
+        if len(rows) == 2 and not isinstance(rows[0], dict):  # a scalar result: [time, "value"]
+            values = [_float(rows[1])]
+        else:
+            values = [_sample(r)[1] for r in rows]
+        if not values:
+            return None
+        total = math.fsum(values)
+        if not math.isfinite(total):
+            raise SourceError(f"activation query {target.activation_query!r} on {address} gave {values!r}: "
+                              "want finite numbers")
+        return total

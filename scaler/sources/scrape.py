@@ -1,0 +1,205 @@
+"""Signals straight from pods: GET each vLLM pod's ``/metrics`` and compute rates between scrapes.
+
+For clusters without Prometheus, or to read fresher numbers than a 15-30 s scrape interval gives.
+The URL list is static here (discovery arrives with the Kubernetes source). Each ``fetch`` scrapes
+every URL once (concurrently), parses the text with prometheus_client's parser, and keeps a short
+per-URL history from which it computes rates over each target's window, like Prometheus' ``rate()``:
+a counter that drops (or whose ``_created`` time moves) restarted, and counts from zero again.
+
+Rules that keep the numbers honest:
+- A pod whose scrape fails (refused, timeout, non-200, unparsable) is *starting*, never zero load; it
+  counts as a starting replica of the models it served before (or of every target, if never seen).
+- No pod of a model answering is ``SourceError`` ("no data"), even if some are starting.
+- The first scrape of a pod gives gauges but no rate. So that the very first evaluation can answer,
+  a fetch that finds answering pods with a single scrape scrapes once more after ``warmup_s`` (0.5 s;
+  a short, noisy first rate that later windows replace). With ``warmup_s=0``, a model is
+  ``SourceError`` ("warming up") until one of its pods has two scrapes.
+- Label matchers are not applied: a pod's own ``/metrics`` carries no namespace label, and the URL
+  list already says which pods belong to the scaled object.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import threading
+import time
+from collections import defaultdict, deque
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from scaler.signals import Signals
+from scaler.sources.base import SourceError, Target
+
+COUNTERS = {
+    "vllm:prompt_tokens_total": "prompt",
+    "vllm:generation_tokens_total": "generation",
+    "vllm:request_prompt_tokens_sum": "prompt_sum",
+    "vllm:request_prompt_tokens_count": "prompt_count",
+    "vllm:request_generation_tokens_sum": "output_sum",
+    "vllm:request_generation_tokens_count": "output_count",
+}
+CREATED = {"vllm:prompt_tokens_created", "vllm:generation_tokens_created"}
+GAUGES = {"vllm:num_requests_waiting": "waiting", "vllm:num_requests_running": "running",
+          "vllm:kv_cache_usage_perc": "kv"}
+HISTORY = 256  # scrapes kept per URL; enough for a 60 s window at one fetch per 0.25 s
+
+
+@dataclass
+class ModelSample:
+    """One model's numbers in one scrape of one pod, summed over its engines."""
+
+    counters: dict[str, float] = field(default_factory=lambda: dict.fromkeys(COUNTERS.values(), 0.0))
+    gauges: dict[str, float] = field(default_factory=lambda: dict.fromkeys(GAUGES.values(), 0.0))
+    kv_series: int = 0
+    created: float = 0.0  # newest counter creation time: moves when the process restarts
+
+
+def parse_metrics(text: str) -> dict[str, ModelSample]:
+    """Parse a vLLM ``/metrics`` text into per-model samples; anything malformed is a SourceError."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    models: dict[str, ModelSample] = defaultdict(ModelSample)
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                name, model = sample.name, sample.labels.get("model_name")
+                if model is None or not (name in COUNTERS or name in GAUGES or name in CREATED):
+                    continue
+                value = float(sample.value)
+                if not math.isfinite(value) or value < 0:
+                    raise SourceError(f"{name}{{model_name={model!r}}}={value!r}: want a finite number >= 0")
+                entry = models[model]
+                if name in COUNTERS:
+                    entry.counters[COUNTERS[name]] += value
+                elif name in GAUGES:
+                    entry.gauges[GAUGES[name]] += value
+                    entry.kv_series += name == "vllm:kv_cache_usage_perc"
+                else:
+                    entry.created = max(entry.created, value)
+    except SourceError:
+        raise
+    except Exception as exc:  # the parser raises ValueError, IndexError, TypeError... on garbage
+        raise SourceError(f"unparsable /metrics text: {type(exc).__name__}: {exc}") from exc
+    return dict(models)
+
+
+def increase(history: Sequence[tuple[float, ModelSample]], key: str) -> float:
+    """Counter growth across consecutive scrapes; a drop or a new ``_created`` time is a restart."""
+    total = 0.0
+    for (_, before), (_, after) in itertools.pairwise(history):
+        delta = after.counters[key] - before.counters[key]
+        restarted = delta < 0 or after.created > before.created > 0
+        total += after.counters[key] if restarted else delta
+    return total
+
+
+@dataclass
+class _Pod:
+    history: deque[tuple[float, dict[str, ModelSample]]] = field(default_factory=lambda: deque(maxlen=HISTORY))
+    last_error: str | None = None
+    models: set[str] = field(default_factory=set)
+
+
+class ScrapeSource:
+    """Scrapes a static list of vLLM ``/metrics`` URLs: ``ScrapeSource(urls).fetch(targets, now)``.
+
+    ``now`` must grow between calls (any clock in seconds); rates are measured on it.
+    """
+
+    def __init__(self, urls: Sequence[str], timeout_s: float = 2.0, warmup_s: float = 0.5) -> None:
+        if isinstance(urls, str) or not urls or not all(isinstance(u, str) and u.startswith(("http://", "https://"))
+                                                        for u in urls):
+            raise ValueError(f"ScrapeSource urls={urls!r}: want a non-empty list of http(s):// /metrics URLs")
+        if not (isinstance(timeout_s, (int, float)) and math.isfinite(timeout_s) and timeout_s > 0):
+            raise ValueError(f"ScrapeSource timeout_s={timeout_s!r}: must be a finite number > 0")
+        if not (isinstance(warmup_s, (int, float)) and 0 <= warmup_s <= 5):
+            raise ValueError(f"ScrapeSource warmup_s={warmup_s!r}: must be a number of seconds in [0, 5]")
+        self.urls, self.timeout_s, self.warmup_s = list(dict.fromkeys(urls)), float(timeout_s), float(warmup_s)
+        self._pods = {url: _Pod() for url in self.urls}
+        self._lock = threading.Lock()  # the evaluator may fetch from two threads (first call + its loop)
+
+    def _scrape(self, url: str) -> dict[str, ModelSample] | str:
+        import httpx
+
+        try:
+            response = httpx.get(url, timeout=self.timeout_s)
+            if response.status_code != 200:
+                return f"HTTP {response.status_code}"
+            return parse_metrics(response.text)
+        except (httpx.HTTPError, SourceError) as exc:
+            return f"{type(exc).__name__}: {exc}"
+
+    def scrape_all(self, now: float) -> None:
+        """Scrape every URL once and append to its history (a failure leaves the pod 'starting')."""
+        with ThreadPoolExecutor(max_workers=min(16, len(self.urls))) as pool:
+            results = dict(zip(self.urls, pool.map(self._scrape, self.urls), strict=True))
+        for url, result in results.items():
+            pod = self._pods[url]
+            if isinstance(result, str):
+                pod.last_error = result  # history stays: a restart shows up as a counter reset
+                continue
+            pod.last_error = None
+            pod.history.append((now, result))
+            pod.models = set(result)
+
+    def fetch(self, targets: Sequence[Target], now: float) -> dict[Target, Signals | SourceError]:
+        """Scrape once, then build each target's snapshot from the pods serving its model."""
+        with self._lock:
+            started = time.monotonic()
+            self.scrape_all(now)
+            if self.warmup_s > 0 and any(p.last_error is None and len(p.history) == 1 for p in self._pods.values()):
+                time.sleep(self.warmup_s)  # a first rate now beats UNAVAILABLE until the next round
+                self.scrape_all(now + time.monotonic() - started)
+            out: dict[Target, Signals | SourceError] = {}
+            for target in dict.fromkeys(targets):
+                try:
+                    out[target] = self._signals(target, now)
+                except SourceError as exc:
+                    out[target] = exc
+            return out
+
+    def _signals(self, target: Target, now: float) -> Signals:
+        ready = [p for p in self._pods.values() if p.last_error is None and target.model in p.models]
+        starting = [url for url, p in self._pods.items()
+                    if p.last_error is not None and (target.model in p.models or not p.models)]
+        if not ready:
+            reasons = "; ".join(f"{url}: {self._pods[url].last_error}" for url in starting) or "none serves it"
+            raise SourceError(f"no data: no pod answers for model_name={target.model!r} ({reasons})")
+        rates: dict[str, float] = defaultdict(float)
+        measured = 0
+        for pod in ready:
+            window = self._window(pod, target.model, now - target.rate_window_s)
+            if len(window) < 2 or window[-1][0] <= window[0][0]:
+                continue
+            measured += 1
+            for key in COUNTERS.values():
+                rates[key] += increase(window, key) / (window[-1][0] - window[0][0])
+        if not measured:
+            raise SourceError(f"warming up: model_name={target.model!r} needs two scrapes of one pod")
+        latest = [pod.history[-1][1][target.model] for pod in ready]
+        kv = [s.gauges["kv"] / s.kv_series for s in latest if s.kv_series]
+        return Signals(
+            at=now,
+            prompt_tokens_per_s=rates["prompt"],
+            generation_tokens_per_s=rates["generation"],
+            requests_waiting=math.fsum(s.gauges["waiting"] for s in latest),
+            requests_running=math.fsum(s.gauges["running"] for s in latest),
+            ready_replicas=len(ready),
+            starting_replicas=len(starting),
+            mean_prompt_tokens=rates["prompt_sum"] / rates["prompt_count"] if rates["prompt_count"] > 0 else None,
+            mean_output_tokens=rates["output_sum"] / rates["output_count"] if rates["output_count"] > 0 else None,
+            kv_cache_usage=min(1.0, math.fsum(kv) / len(kv)) if kv else None,
+            data_age_s=max(0.0, now - min(pod.history[-1][0] for pod in ready)),
+        )
+
+    @staticmethod
+    def _window(pod: _Pod, model: str, since: float) -> list[tuple[float, ModelSample]]:
+        """The model's scrapes from the newest one at or before ``since`` (or the oldest kept) to now."""
+        points = [(at, models[model]) for at, models in pod.history if model in models]
+        start = 0
+        for i, (at, _) in enumerate(points[:-1]):
+            if at <= since:
+                start = i
+        return points[start:]

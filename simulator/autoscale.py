@@ -1,0 +1,239 @@
+"""One autoscaled run: the workload through the engine, pods through the cluster, KEDA/HPA in between.
+
+``run_autoscaled(workload, profile, policy, cold_start, slo, seed)`` replays a workload on a fleet
+whose size a policy controls, exactly as in production: every ``tick_s`` (1 s) pods change phase
+(``cluster``), Prometheus scrapes Ready pods (``observe``), the policy's own loop runs when due,
+KEDA polls and the HPA syncs (``control``), and the Deployment's new spec creates or deletes pods.
+The oracle instead follows its precomputed schedule (``oracle``), its headroom searched by
+re-running this same function.
+
+Every policy starts from the same warm fleet (``initial_replicas``; default: the replicas the first
+five minutes need by the capacity model) and is charged GPU time from each pod's creation to its
+end (``cluster``). The summary adds ``gpu_hours``, ``max_replicas``, ``mean_replicas``,
+``rejected``, ``aborted`` and ``scale_events`` to the core's per-request statistics.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from simulator import oracle as oracle_mod
+from simulator.cluster import Cluster, Pod
+from simulator.coldstart import ColdStart, as_cold_start
+from simulator.control import ControlLoop
+from simulator.observe import ObserveConfig, Observer
+from simulator.policies import Fixed, OracleSpec, TriggerPolicy, View, make_policy
+
+TIMELINE_STEP_S = 10.0
+INITIAL_WINDOW_S = 300.0
+
+
+class Backend(Protocol):
+    """The engine as the autoscaling layer drives it (``simulator.engine_backend`` adapts the real one)."""
+
+    def add_replica(self, now: float) -> int: ...
+    def drain_replica(self, replica_id: int, now: float) -> None: ...
+    def remove_replica(self, replica_id: int, now: float) -> int: ...
+    def metrics(self, replica_id: int) -> Any: ...
+    def in_flight(self, replica_id: int) -> int: ...
+    def gateway_waiting(self) -> int: ...
+    def every(self, period_s: float, fn: Callable[[float], None]) -> None: ...
+    def run(self) -> Outcome: ...
+
+
+@dataclass
+class Outcome:
+    """What the engine reports after a run: per-request arrays and its own summary."""
+
+    arrival_s: np.ndarray
+    ttft_s: np.ndarray
+    """NaN for requests that never got a first token (rejected or aborted)."""
+    rejected: int
+    end_s: float
+    summary: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class AutoscaleResult:
+    """One policy's run: the summary, the replica timeline, per-request TTFTs, leadscale's decisions."""
+
+    policy: str
+    summary: dict[str, Any]
+    timeline: dict[str, np.ndarray]
+    arrival_s: np.ndarray
+    ttft_s: np.ndarray
+    decisions: list[tuple[float, int, dict[str, float]]] = field(default_factory=list)
+
+
+def default_backend(workload: Any, profile: Any, seed: int, slo_ttft_s: float, **options: Any) -> Backend:
+    """The real engine behind the Backend protocol (imported lazily: it is the core's module)."""
+    from simulator.engine_backend import EngineBackend
+
+    return EngineBackend(workload, profile, seed=seed, slo_ttft_s=slo_ttft_s, **options)
+
+
+def demand_replicas(workload: Any, capacity: Any, duration_s: float) -> np.ndarray:
+    """Replicas the load needs per oracle bucket (capacity model, no headroom): the plots' demand line."""
+    return oracle_mod.bucket_need(workload.arrival_s, workload.input_tokens, workload.output_tokens, capacity,
+                                  duration_s)
+
+
+def run_autoscaled(workload: Any, profile: Any, policy: str | TriggerPolicy | Fixed | OracleSpec,
+                   cold_start: str | ColdStart, slo: float, seed: int, *, min_replicas: int = 1,
+                   max_replicas: int = 100, initial_replicas: int | None = None, drain_grace_s: float = 30.0,
+                   tick_s: float = 1.0, observe: ObserveConfig | None = None,
+                   backend_factory: Callable[..., Backend] = default_backend, oracle_alpha: float | None = None,
+                   oracle_steps: int = 4, backend_options: dict[str, Any] | None = None) -> AutoscaleResult:
+    """Simulate ``workload`` under ``policy`` (a name or a built policy); deterministic for a seed."""
+    slo_ttft_s = float(slo)
+    if not (math.isfinite(slo_ttft_s) and slo_ttft_s > 0):
+        raise ValueError(f"slo={slo!r}: the TTFT SLO must be a finite number of seconds > 0")
+    cold = as_cold_start(cold_start)
+    profile_name = getattr(profile, "name", str(profile))
+    built = make_policy(policy, profile_name, slo_ttft_s, min_replicas, max_replicas) if isinstance(policy, str) \
+        else policy
+    capacity = profile.capacity(slo_ttft_s)
+    duration = float(workload.arrival_s[-1]) if len(workload.arrival_s) else 0.0
+    need = demand_replicas(workload, capacity, max(duration, oracle_mod.BUCKET_S))
+    if initial_replicas is None:
+        first = need[: max(1, int(INITIAL_WINDOW_S // oracle_mod.BUCKET_S))]
+        initial_replicas = min(max(min_replicas, 1, math.ceil(float(first.max()) - 1e-9)), max_replicas)
+    options = dict(backend_options or {})
+
+    def once(alpha: float | None) -> AutoscaleResult:
+        backend = backend_factory(workload, profile, seed, slo_ttft_s, **options)
+        return _simulate(backend, built, cold, seed, slo_ttft_s, need, initial_replicas, drain_grace_s, tick_s,
+                         observe, alpha, min_replicas)
+
+    if not isinstance(built, OracleSpec):
+        return once(None)
+    if oracle_alpha is not None:
+        return once(oracle_alpha)
+    runs: dict[float, AutoscaleResult] = {}
+
+    def meets(alpha: float) -> bool:
+        runs[alpha] = once(alpha)
+        p95 = runs[alpha].summary.get("ttft_p95")
+        return p95 is not None and p95 <= slo_ttft_s
+
+    best = oracle_mod.search_alpha(meets, steps=oracle_steps)
+    result = runs[best]
+    result.summary["oracle_alpha"] = best
+    result.summary["oracle_runs"] = len(runs)
+    return result
+
+
+def _simulate(backend: Backend, policy: TriggerPolicy | Fixed | OracleSpec, cold: ColdStart, seed: int,
+              slo_ttft_s: float, need: np.ndarray, initial: int, drain_grace_s: float, tick_s: float,
+              observe: ObserveConfig | None, alpha: float | None, min_replicas: int) -> AutoscaleResult:
+    rng = np.random.default_rng([seed, 4])  # cold starts: a stream of their own, the same for every policy
+    cluster = Cluster(backend, cold, rng, is_idle=lambda rid: backend.in_flight(rid) == 0,
+                      drain_grace_s=drain_grace_s)
+    observer = Observer(observe)
+    cluster.on_ready = lambda pod: observer.record_cold_start(pod.due_ready_at - pod.created_at)
+    timeline: list[tuple[float, int, int, int]] = []
+    name = getattr(policy, "name", "policy")
+    plans: list[oracle_mod.PodPlan] = []
+    if isinstance(policy, OracleSpec):
+        replicas = oracle_mod.replicas_per_bucket(need, alpha or 1.0, min_replicas)
+        plans = oracle_mod.plan_pods(replicas, oracle_mod.BUCKET_S, lambda: cold.sample(rng), bridge_s=cold.mean())
+        warm = [p for p in plans if p.warm]
+        cluster.warm_start(0.0, len(warm))
+        plan_pods: dict[int, Pod] = dict(enumerate(p for p in cluster.pods))
+        pending = sorted((p for p in plans if not p.warm), key=lambda p: p.create_at)
+        deletions = sorted(((p.delete_at, i) for i, p in enumerate(warm)), reverse=True)
+    else:
+        cluster.warm_start(0.0, policy.replicas if isinstance(policy, Fixed) else initial)
+    loop = None
+    if isinstance(policy, TriggerPolicy):
+        loop = ControlLoop(policy.control, lambda now: policy.metric(now, view(now)),
+                           lambda now: policy.active(now, view(now)))
+    next_eval = 0.0
+    last_sample = -math.inf
+
+    def view(now: float) -> View:
+        counts = cluster.counts(now)
+        return View(observer, cluster.spec_replicas, counts.ready, counts.starting)
+
+    def tick(now: float) -> None:
+        nonlocal next_eval, last_sample
+        if plans:
+            _follow_plan(now, cluster, pending, deletions, plan_pods)
+        cluster.advance(now)
+        ready = cluster.ready_replica_ids()
+        observer.scrape(now, {rid: (lambda r=rid: backend.metrics(r)) for rid in ready}, backend.gateway_waiting())
+        if isinstance(policy, TriggerPolicy) and loop is not None:
+            if policy.evaluation_period_s and now + 1e-9 >= next_eval:
+                policy.evaluate(now, view(now))
+                next_eval = now + policy.evaluation_period_s
+            if now + 1e-9 >= loop.next_due():
+                cluster.set_replicas(now, loop.tick(now, cluster.spec_replicas))
+        if now - last_sample >= TIMELINE_STEP_S - 1e-9:
+            c = cluster.counts(now)
+            timeline.append((now, c.ready, c.starting, c.draining))
+            last_sample = now
+
+    backend.every(tick_s, tick)
+    outcome = backend.run()
+    return _result(name, outcome, cluster, timeline, need, policy, cold, slo_ttft_s)
+
+
+def _follow_plan(now: float, cluster: Cluster, pending: list[oracle_mod.PodPlan],
+                 deletions: list[tuple[float, int]], pods: dict[int, Pod]) -> None:
+    """Create the oracle's pods at their times (with their known cold starts) and delete them at theirs."""
+    while pending and pending[0].create_at <= now + 1e-9:
+        plan = pending.pop(0)
+        pod = cluster.create_pod(now, cold_start_s=plan.ready_at - now if plan.ready_at > now else 0.0)
+        key = len(pods)
+        pods[key] = pod
+        deletions.append((plan.delete_at, key))
+        deletions.sort(reverse=True)
+    while deletions and deletions[-1][0] <= now + 1e-9:
+        _, key = deletions.pop()
+        cluster.delete_pod(pods[key], now)
+    live = len(cluster.live())
+    if live != cluster.spec_replicas:
+        cluster.scale_events += 1
+        cluster.spec_replicas = live
+
+
+def _result(name: str, outcome: Outcome, cluster: Cluster, timeline: list[tuple[float, int, int, int]],
+            need: np.ndarray, policy: Any, cold: ColdStart, slo_ttft_s: float) -> AutoscaleResult:
+    end = max(outcome.end_s, timeline[-1][0] if timeline else 0.0, 1e-9)
+    gpu_s = cluster.gpu_seconds(end)
+    t = np.array([row[0] for row in timeline])
+    holding = [c.holding_gpus for c in cluster.timeline]
+    summary = dict(outcome.summary)
+    ttft = outcome.ttft_s[np.isfinite(outcome.ttft_s)]
+    summary.update({
+        "policy": name,
+        "cold_start": cold.spec,
+        "gpu_hours": float(gpu_s / 3600.0),
+        "mean_replicas": float(gpu_s / end),
+        "max_replicas": int(max(holding)) if holding else 0,
+        "rejected": int(outcome.rejected),
+        "aborted": int(cluster.aborted),
+        "scale_events": int(cluster.scale_events),
+        "pods_started": len(cluster.pods),
+    })
+    for q in (50, 95, 99):
+        key = f"ttft_p{q}"
+        if summary.get(key) is None and ttft.size:
+            summary[key] = float(np.percentile(ttft, q))
+    if "slo_attainment" not in summary and outcome.ttft_s.size:
+        summary["slo_attainment"] = float(np.mean(np.nan_to_num(outcome.ttft_s, nan=np.inf) <= slo_ttft_s))
+    centers = np.arange(need.size) * oracle_mod.BUCKET_S
+    tl = {
+        "t": t,
+        "ready": np.array([row[1] for row in timeline], dtype=float),
+        "starting": np.array([row[2] for row in timeline], dtype=float),
+        "draining": np.array([row[3] for row in timeline], dtype=float),
+        "demand": np.interp(t, centers, need) if t.size else t,
+    }
+    decisions = list(getattr(policy, "decisions", []))
+    return AutoscaleResult(name, summary, tl, outcome.arrival_s, outcome.ttft_s, decisions)

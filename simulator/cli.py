@@ -1,0 +1,207 @@
+"""``leadscale simulate`` and ``leadscale profiles``: run a workload through simulated vLLM replicas.
+
+``add_run_arguments``/``build_run_inputs`` hold the flags every simulator command shares (workload,
+scaling, window, profile, SLO, seed): ``compare``, ``tune`` and ``replay`` reuse them.
+
+Examples::
+
+    leadscale simulate --replicas 4 --json                         # builtin:default workload
+    leadscale simulate --trace ../shared/traces/azure_conv_2023.csv --window 0:600 --rate-scale 2 \\
+        --profile a100-llama3-8b --replicas 3 --out runs/azure
+    leadscale simulate --policy leadscale --cold-start lognormal:p50=120,p90=240
+    leadscale profiles --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class RunInputs:
+    """What the shared flags resolve to."""
+
+    workload: Any
+    profile: Any
+    slo_ttft_s: float
+    slo_tpot_s: float
+    seed: int
+
+
+def _window(text: str) -> tuple[float, float | None]:
+    start, sep, end = text.partition(":")
+    try:
+        a = float(start) if start else 0.0
+        b = float(end) if end else None
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--window {text!r}: expected START:END in seconds, e.g. 0:600") from None
+    if not sep or not math.isfinite(a) or a < 0 or (b is not None and not (math.isfinite(b) and b > a)):
+        raise argparse.ArgumentTypeError(f"--window {text!r}: expected START:END seconds with 0 <= START < END")
+    return a, b
+
+
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a number > 0") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a finite number > 0")
+    return value
+
+
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """The workload, profile, SLO and seed flags shared by simulate, compare, tune and replay."""
+    g = parser.add_argument_group("workload, model and SLO")
+    g.add_argument("--trace", default=None, metavar="PATH|builtin:NAME",
+                   help="trace file or builtin:NAME[?k=v&...] (default builtin:default)")
+    g.add_argument("--format", default=None, help="trace format (default: detected): azure, mooncake, burstgpt, "
+                   "generic, lengths")
+    g.add_argument("--window", type=_window, default=None, metavar="START:END",
+                   help="keep arrivals in [START, END) seconds from the first one")
+    g.add_argument("--duration", type=_positive, default=None, metavar="S", help="keep the first S seconds")
+    g.add_argument("--rate-scale", type=_positive, default=1.0, metavar="K",
+                   help="compress time by K (same requests, K times faster, duration / K)")
+    g.add_argument("--load-scale", type=_positive, default=1.0, metavar="K",
+                   help="K times the requests over the same duration and shape")
+    g.add_argument("--profile", default="h100-llama3-8b", metavar="NAME|PATH",
+                   help="performance profile name (leadscale profiles) or YAML file (default h100-llama3-8b)")
+    g.add_argument("--slo-ttft", type=_positive, default=2.0, metavar="S", help="TTFT SLO, seconds (default 2)")
+    g.add_argument("--slo-tpot", type=_positive, default=0.1, metavar="S", help="TPOT SLO, seconds (default 0.1)")
+    g.add_argument("--seed", type=int, default=0, help="seed of every random draw (default 0)")
+
+
+def build_run_inputs(args: argparse.Namespace) -> RunInputs:
+    """Resolve the shared flags; bad values raise ValueError/KeyError naming the flag and value."""
+    import numpy as np
+
+    from simulator import workload as wl
+    from simulator.profiles import get_profile
+    from simulator.synthetic import load_workload
+
+    profile = get_profile(args.profile)
+    w = load_workload(args.trace, args.format, seed=args.seed)
+    if args.window is not None:
+        w = wl.select_window(w, args.window[0], args.window[1])
+    if args.duration is not None:
+        w = wl.select_window(w, 0.0, args.duration)
+    if args.rate_scale != 1.0:
+        w = wl.rate_scale(w, args.rate_scale)
+    if args.load_scale != 1.0:
+        w = wl.load_scale(w, args.load_scale, np.random.default_rng([args.seed, 2]))
+    if len(w) == 0:
+        raise ValueError(f"workload {w.name!r}: no requests left after --window/--duration/--load-scale")
+    return RunInputs(workload=w, profile=profile, slo_ttft_s=args.slo_ttft, slo_tpot_s=args.slo_tpot, seed=args.seed)
+
+
+def register(subparsers: Any) -> None:
+    sim = subparsers.add_parser("simulate", help="replay a workload on simulated vLLM replicas",
+                                description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_run_arguments(sim)
+    sim.add_argument("--replicas", type=int, default=1, help="fixed fleet size (default 1)")
+    sim.add_argument("--router", default="least-tokens", help="least-tokens (default), round-robin or random")
+    sim.add_argument("--policy", default=None, help="autoscale with this policy (e.g. leadscale) instead of "
+                     "a fixed fleet")
+    sim.add_argument("--cold-start", default="lognormal:p50=120,p90=240", help="cold-start spec for --policy")
+    sim.add_argument("--out", default=None, metavar="DIR", help="write summary.json, requests.csv, kv_usage.csv")
+    sim.add_argument("--json", action="store_true", help="print the summary as one JSON object (no progress bar)")
+    sim.set_defaults(func=run_simulate)
+    prof = subparsers.add_parser("profiles", help="list the built-in performance profiles")
+    prof.add_argument("--json", action="store_true", help="print every profile as JSON")
+    prof.add_argument("--slo-ttft", type=_positive, default=2.0, help="TTFT SLO for the capacity column (s)")
+    prof.set_defaults(func=run_profiles)
+
+
+def run_simulate(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from simulator.results import dumps
+
+    try:
+        if args.replicas < 1:
+            raise ValueError(f"--replicas {args.replicas}: must be >= 1")
+        inputs = build_run_inputs(args)
+        if args.policy:
+            summary = _autoscaled(args, inputs)
+            result = None
+        else:
+            result = _fixed(args, inputs)
+            summary = result.summary(inputs.slo_ttft_s, inputs.slo_tpot_s, workload=inputs.workload.name,
+                                     replicas=args.replicas, router=args.router, seed=inputs.seed)
+    except (ValueError, KeyError, OSError) as exc:
+        print(f"leadscale simulate: {exc.args[0] if isinstance(exc, KeyError) else exc}", file=sys.stderr)
+        return 2
+    if args.out:
+        out = Path(args.out)
+        if result is not None:
+            result.write(out, summary)
+        else:
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "summary.json").write_text(dumps(summary) + "\n")
+    if args.json:
+        print(json.dumps(summary, allow_nan=False))
+    else:
+        for key, value in summary.items():
+            print(f"{key:28s} {value:.4g}" if isinstance(value, float) else f"{key:28s} {value}")
+    return 0
+
+
+def _fixed(args: argparse.Namespace, inputs: RunInputs) -> Any:
+    from simulator.engine import simulate
+
+    bar = None
+    if not args.json:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(inputs.workload), unit="req", file=sys.stderr, leave=False, mininterval=0.5)
+
+    def progress(done: int) -> None:
+        if bar is not None:
+            bar.update(done - bar.n)
+
+    try:
+        return simulate(inputs.workload, inputs.profile, replicas=args.replicas, router=args.router,
+                        seed=inputs.seed, progress=progress)
+    finally:
+        if bar is not None:
+            bar.close()
+
+
+def _autoscaled(args: argparse.Namespace, inputs: RunInputs) -> dict[str, Any]:
+    try:
+        from simulator.autoscale import run_autoscaled
+    except ImportError as exc:
+        raise ValueError(f"--policy {args.policy!r}: autoscaling is not available in this build ({exc})") from None
+    result = run_autoscaled(inputs.workload, inputs.profile, args.policy, args.cold_start, inputs.slo_ttft_s,
+                            inputs.seed)
+    summary = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in result.summary.items()}
+    return {**summary, "policy": args.policy, "workload": inputs.workload.name, "seed": inputs.seed}
+
+
+def run_profiles(args: argparse.Namespace) -> int:
+    from simulator.profiles import get_profile, list_profiles
+
+    rows = []
+    for name in list_profiles():
+        p = get_profile(name)
+        cap = p.capacity(args.slo_ttft)
+        rows.append({**p.to_dict(), "kv_cache_tokens": p.memory.kv_cache_tokens,
+                     "capacity": {"ttft_slo_s": args.slo_ttft, "prefill_tokens_per_s": round(cap.prefill_tokens_per_s),
+                                  "decode_tokens_per_s": round(cap.decode_tokens_per_s)}})
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    print(f"{'name':22s} {'gpu':5s} {'tp':>2s} {'seqs':>5s} {'budget':>6s} {'kv blocks':>9s} {'decode 1 (ms)':>13s} "
+          f"{'prefill tok/s':>13s} {'decode tok/s':>12s}")
+    for row, name in zip(rows, list_profiles(), strict=True):
+        p = get_profile(name)
+        print(f"{name:22s} {p.gpu:5s} {p.tensor_parallel:2d} {p.max_num_seqs:5d} {p.max_num_batched_tokens:6d} "
+              f"{p.num_gpu_blocks:9d} {p.step_time.step_time(1, 1, 1024, 0) * 1e3:13.2f} "
+              f"{row['capacity']['prefill_tokens_per_s']:13d} {row['capacity']['decode_tokens_per_s']:12d}")
+    print(f"(capacity at TTFT SLO {args.slo_ttft:g} s; --json for every parameter and its source)")
+    return 0

@@ -1,0 +1,138 @@
+"""``leadscale compare``: the same workload, cluster and KEDA/HPA loop under several policies.
+
+``leadscale compare --policies leadscale,waiting-requests,kv-cache,saturation,oracle --out DIR
+[--json]`` takes every workload, profile, SLO, cold-start and seed flag of ``simulate`` (the core's
+``add_run_arguments``/``build_run_inputs``), runs each policy (in parallel processes, one per core),
+writes ``DIR/report.md``, ``DIR/report.html``, the PNGs and ``DIR/summary.json``, and with ``--json``
+prints ``{"policies": {name: summary}}`` on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+DEFAULT_POLICIES = "leadscale,waiting-requests,kv-cache,saturation,oracle"
+DEFAULT_COLD_START = "lognormal:p50=120,p90=240"
+
+
+def _has(parser: argparse.ArgumentParser, flag: str) -> bool:
+    return flag in parser._option_string_actions  # argparse has no public "is this flag taken"
+
+
+def add_compare_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags ``compare`` adds to the core's run flags (skipping any the core already defines)."""
+    parser.add_argument("--policies", default=DEFAULT_POLICIES,
+                        help=f"comma-separated policies (default {DEFAULT_POLICIES}); also fixed:N")
+    if not _has(parser, "--cold-start"):
+        parser.add_argument("--cold-start", default=DEFAULT_COLD_START,
+                            help="cold-start spec: fixed:S, uniform:A,B, lognormal:p50=A,p90=B, empirical:[...]|FILE")
+    if not _has(parser, "--out"):
+        parser.add_argument("--out", required=True, help="directory for report.md, report.html, PNGs, summary.json")
+    if not _has(parser, "--json"):
+        parser.add_argument("--json", action="store_true", help='print {"policies": {name: summary}} on stdout')
+    parser.add_argument("--min-replicas", type=int, default=1, help="minReplicaCount of every autoscaler (default 1)")
+    parser.add_argument("--max-replicas", type=int, default=100, help="maxReplicaCount (default 100)")
+    parser.add_argument("--drain-grace", type=float, default=30.0,
+                        help="termination grace period of a deleted pod, seconds (default 30)")
+    parser.add_argument("--jobs", type=int, default=0, help="parallel processes (default: one per core)")
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser("compare", help="compare autoscaling policies on one workload",
+                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    try:
+        from simulator.cli import add_run_arguments
+    except ImportError:
+        add_run_arguments = None
+    if add_run_arguments is not None:
+        add_run_arguments(parser)
+    add_compare_arguments(parser)
+    parser.set_defaults(func=run)
+
+
+def _clean(value: Any) -> Any:
+    """JSON-safe: numpy scalars to Python, NaN/inf to null."""
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def _one(job: tuple[Any, ...]) -> tuple[str, Any]:
+    from simulator.autoscale import run_autoscaled
+
+    name, workload, profile, cold_start, slo, seed, kwargs = job
+    started = time.perf_counter()
+    result = run_autoscaled(workload, profile, name, cold_start, slo, seed, **kwargs)
+    result.summary["wall_seconds"] = time.perf_counter() - started
+    return name, result
+
+
+def compare(workload: Any, profile: Any, policies: Sequence[str], cold_start: str, slo_ttft_s: float, seed: int,
+            jobs: int = 0, **kwargs: Any) -> dict[str, Any]:
+    """Run every policy on the same inputs; returns {name: AutoscaleResult} in the given order."""
+    from simulator.coldstart import parse_cold_start
+    from simulator.policies import parse_policies
+
+    names = parse_policies(",".join(policies))
+    parse_cold_start(cold_start)  # fail before any work
+    work = [(n, workload, profile, cold_start, slo_ttft_s, seed, kwargs) for n in names]
+    # the oracle re-simulates several times: start it first so it overlaps with the others
+    work.sort(key=lambda job: job[0] != "oracle")
+    workers = min(len(work), jobs if jobs > 0 else (os.cpu_count() or 1))
+    if workers <= 1:
+        done = dict(_one(job) for job in work)
+    else:
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            done = dict(pool.map(_one, work))
+    return {n: done[n] for n in names}
+
+
+def _inputs(args: argparse.Namespace) -> Any:
+    """Workload, profile, SLOs and seed from the core's flags (``simulator.cli.RunInputs``)."""
+    from simulator.cli import build_run_inputs
+
+    return build_run_inputs(args)
+
+
+def run(args: argparse.Namespace) -> int:
+    from simulator.report import write_report
+
+    try:
+        inputs = _inputs(args)
+        workload, profile, slo, seed = inputs.workload, inputs.profile, inputs.slo_ttft_s, inputs.seed
+        results = compare(workload, profile, args.policies.split(","), args.cold_start, slo, seed, jobs=args.jobs,
+                          min_replicas=args.min_replicas, max_replicas=args.max_replicas,
+                          drain_grace_s=args.drain_grace, backend_options={"slo_tpot_s": inputs.slo_tpot_s})
+    except (ValueError, KeyError, FileNotFoundError) as exc:
+        print(f"leadscale compare: {exc}", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    payload = {"policies": {name: _clean(r.summary) for name, r in results.items()}}
+    notes = [f"workload {getattr(workload, 'name', 'workload')}, {len(workload.arrival_s)} requests; profile "
+             f"{getattr(profile, 'name', profile)}; cold start {args.cold_start}; TTFT SLO p95 <= {slo:g} s; "
+             f"seed {seed}."]
+    write_report(results, out, "leadscale compare", slo, notes)
+    (out / "summary.json").write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
+    if args.json:
+        print(json.dumps(payload, sort_keys=True))
+    else:
+        from simulator.report import markdown_table
+
+        print(markdown_table(results))
+        print(f"\nreport: {out / 'report.html'}")
+    return 0

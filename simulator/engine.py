@@ -1,0 +1,268 @@
+"""The event loop: arrivals, a gateway, routing, a ``Fleet`` of replicas, and periodic callbacks.
+
+``simulate(workload, profile, replicas=N)`` runs a fixed fleet. The autoscaling layer builds an
+``Engine`` with ``initial_replicas=0`` and drives the fleet through its hooks::
+
+    engine = Engine(workload, profile, EngineConfig(seed=1))
+    engine.every(1.0, tick)                 # tick(now) may call the hooks below
+    rid = engine.fleet.add_replica(now)     # serving from now; held gateway requests flow to it
+    engine.fleet.drain_replica(rid, now)    # gets no new requests, finishes what it holds
+    aborted = engine.fleet.remove_replica(rid, now)   # the pod is gone; its requests are aborted
+    engine.fleet.metrics(rid, now)          # ReplicaMetrics, vLLM names
+    result = engine.run()
+
+Events are ordered by (time, priority, sequence): replica steps ending first (so finishes free room
+before anything else looks), then timers, then arrivals. Randomness only from explicit generators
+seeded by ``EngineConfig.seed``. With no routable replica, arrivals wait at the gateway (bounded by
+``gateway_limit``; beyond it they are rejected, as an overloaded ingress would); requests longer than
+``max_model_len`` are rejected at arrival, outputs are capped to fit (vLLM's ``length`` finish).
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from simulator.profiles import PerformanceProfile
+from simulator.replica import Replica, ReplicaMetrics
+from simulator.results import REJECTED, LatencyHistogram, RequestLog, SimulationResult
+from simulator.router import Router
+from simulator.workload import Workload
+
+_STEP, _TIMER, _ARRIVAL = 0, 1, 2
+
+__all__ = ["Engine", "EngineConfig", "Fleet", "ReplicaMetrics", "simulate"]
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Engine options; validated on construction."""
+
+    router: str = "least-tokens"
+    seed: int = 0
+    gateway_limit: int = 100_000
+    kv_sample_s: float = 10.0
+    horizon_s: float = 86_400.0
+    """Stop this long after the last arrival even if requests remain (a fleet that never serves them)."""
+
+    def __post_init__(self) -> None:
+        Router(self.router)
+        if not (isinstance(self.gateway_limit, int) and self.gateway_limit >= 0):
+            raise ValueError(f"gateway_limit={self.gateway_limit!r}: must be an integer >= 0")
+        for name in ("kv_sample_s", "horizon_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name}={getattr(self, name)!r}: must be > 0 seconds")
+
+
+class Fleet:
+    """The replicas of one model; the hooks the autoscaling layer calls."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        self.replicas: dict[int, Replica] = {}
+        self.routable: list[Replica] = []
+        self.retired_gpu_seconds = 0.0
+        self._next_id = 0
+
+    def add_replica(self, now: float) -> int:
+        """A new replica serving from ``now``; requests held at the gateway go to the fleet at once."""
+        e = self._engine
+        rid = self._next_id
+        self._next_id += 1
+        rep = Replica(rid, e.profile, e.log, e.itl, now, e.prefix)
+        self.replicas[rid] = rep
+        self.routable.append(rep)
+        e.flush_gateway(now)
+        return rid
+
+    def drain_replica(self, rid: int, now: float) -> None:
+        """Stop routing to ``rid``; it keeps serving what it holds."""
+        rep = self._get(rid)
+        rep.draining = True
+        self.routable = [r for r in self.routable if r.id != rid]
+
+    def remove_replica(self, rid: int, now: float) -> int:
+        """Delete ``rid`` now: its running and waiting requests are aborted; returns how many."""
+        rep = self._get(rid)
+        aborted = rep.abort_all(now)
+        rep.version += 1  # its pending step event is stale
+        self.routable = [r for r in self.routable if r.id != rid]
+        del self.replicas[rid]
+        self.retired_gpu_seconds += (now - rep.added_s) * rep.profile.tensor_parallel
+        return len(aborted)
+
+    def metrics(self, rid: int, now: float) -> ReplicaMetrics:
+        return self._get(rid).metrics(now)
+
+    def in_flight(self, rid: int) -> int:
+        rep = self._get(rid)
+        return rep.n + len(rep.waiting)
+
+    def gpu_seconds(self, now: float) -> float:
+        """GPU time of every replica so far (tensor-parallel replicas count each GPU)."""
+        live = sum((now - r.added_s) * r.profile.tensor_parallel for r in self.replicas.values())
+        return self.retired_gpu_seconds + live
+
+    def _get(self, rid: int) -> Replica:
+        try:
+            return self.replicas[rid]
+        except KeyError:
+            raise KeyError(f"replica {rid!r} is not in the fleet (live: {sorted(self.replicas)})") from None
+
+
+class Engine:
+    """One simulation; ``run()`` once. See the module docstring for the hooks."""
+
+    def __init__(self, workload: Workload, profile: PerformanceProfile, config: EngineConfig | None = None,
+                 initial_replicas: int = 0) -> None:
+        self.config = config or EngineConfig()
+        self.profile = profile
+        self.workload = workload
+        inp = workload.input_tokens
+        out = np.minimum(workload.output_tokens, np.maximum(profile.max_model_len - inp, 1))
+        self.log = RequestLog(workload.arrival_s, inp, out)
+        self.itl = LatencyHistogram()
+        self.prefix = ((workload.block_ids, workload.block_offsets, workload.block_tokens)
+                       if workload.block_ids is not None else None)
+        self.router = Router(self.config.router, np.random.default_rng([self.config.seed, 1]))
+        self.gateway: deque[int] = deque()
+        self.now = 0.0
+        self._heap: list[tuple[float, int, int, int, int]] = []
+        self._seq = 0
+        self._timers: list[Callable[[float], None]] = []
+        self._next_arrival = 0
+        self._unresolved = len(workload)
+        self._kv: list[tuple[float, float, float, int]] = []
+        self.fleet = Fleet(self)
+        for _ in range(initial_replicas):
+            self.fleet.add_replica(0.0)
+        self.every(self.config.kv_sample_s, self._sample_kv)
+
+    # ----- hooks ------------------------------------------------------------------------------------
+    def every(self, period_s: float, fn: Callable[[float], None], start: float | None = None) -> None:
+        """Call ``fn(now)`` every ``period_s`` from ``start`` (default: now) while the run lasts."""
+        if not period_s > 0:
+            raise ValueError(f"every(period_s={period_s!r}): must be > 0 seconds")
+        idx = len(self._timers)
+
+        def tick(now: float) -> None:
+            fn(now)
+            self._push(now + period_s, _TIMER, idx, 0)
+
+        self._timers.append(tick)
+        self._push(self.now if start is None else start, _TIMER, idx, 0)
+
+    def at(self, t: float, fn: Callable[[float], None]) -> None:
+        """Call ``fn(t)`` once at time ``t`` (e.g. a pod becoming ready)."""
+        self._timers.append(fn)
+        self._push(t, _TIMER, len(self._timers) - 1, 0)
+
+    @property
+    def gateway_waiting(self) -> int:
+        return len(self.gateway)
+
+    # ----- loop -------------------------------------------------------------------------------------
+    def _push(self, t: float, prio: int, a: int, b: int) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (t, prio, self._seq, a, b))
+
+    def _schedule_replica(self, rep: Replica, t: float | None) -> None:
+        if t is not None:
+            rep.version += 1
+            self._push(t, _STEP, rep.id, rep.version)
+
+    def flush_gateway(self, now: float) -> None:
+        while self.gateway and self.fleet.routable:
+            self._route(self.gateway.popleft(), now)
+
+    def _route(self, rid: int, now: float) -> None:
+        rep: Replica = self.router.pick(self.fleet.routable)  # type: ignore[assignment]
+        self._schedule_replica(rep, rep.enqueue(rid, now))
+
+    def _arrive(self, rid: int, now: float) -> None:
+        log = self.log
+        if log.input_tokens[rid] >= self.profile.max_model_len:
+            log.status[rid] = REJECTED
+            return
+        if self.fleet.routable and not self.gateway:
+            self._route(rid, now)
+        elif len(self.gateway) < self.config.gateway_limit:
+            self.gateway.append(rid)
+        else:
+            log.status[rid] = REJECTED
+
+    def _sample_kv(self, now: float) -> None:
+        reps = list(self.fleet.replicas.values())
+        if reps:
+            usage = [r.metrics(now).kv_cache_usage_perc for r in reps]
+            self._kv.append((now, float(np.mean(usage)), float(np.max(usage)), len(reps)))
+
+    def run(self, until: float | None = None, progress: Callable[[int], None] | None = None) -> SimulationResult:
+        """Run to the end (every request resolved, or ``until``); returns the result."""
+        started = time.perf_counter()
+        arrivals = self.workload.arrival_s
+        n_req = len(arrivals)
+        last_arrival = float(arrivals[-1]) if n_req else 0.0
+        stop = until if until is not None else last_arrival + self.config.horizon_s
+        heap, replicas, timers = self._heap, self.fleet.replicas, self._timers
+        nxt = 0
+        events = 0
+        last = 0.0
+        while True:
+            t_arr = arrivals[nxt] if nxt < n_req else np.inf
+            if heap and (heap[0][0] < t_arr or (heap[0][0] == t_arr and heap[0][1] < _ARRIVAL)):
+                t, prio, _, a, b = heapq.heappop(heap)
+                if t > stop:
+                    self.now = stop
+                    break
+                self.now = t
+                if prio == _STEP:
+                    rep = replicas.get(a)
+                    if rep is None or rep.version != b:
+                        continue
+                    last = t
+                    self._schedule_replica(rep, rep.on_event(t))
+                else:
+                    timers[a](t)
+                    if nxt >= n_req and not self._busy():
+                        break
+            elif nxt < n_req:
+                if t_arr > stop:
+                    self.now = stop
+                    break
+                self.now = last = float(t_arr)
+                self._arrive(nxt, self.now)
+                nxt += 1
+            else:
+                break
+            events += 1
+            if progress is not None and events % 4096 == 0:
+                progress(nxt)
+        self._next_arrival = nxt
+        if progress is not None:
+            progress(nxt)
+        end = last if until is None else self.now
+        return SimulationResult(
+            log=self.log, itl=self.itl, end_s=end, gpu_seconds=self.fleet.gpu_seconds(end),
+            wall_seconds=time.perf_counter() - started, kv_usage=np.array(self._kv, dtype=np.float64).reshape(-1, 4),
+            preemptions=int(self.log.preemptions.sum()), profile=self.profile.name)
+
+    def _busy(self) -> bool:
+        """Anything left to do once arrivals are over: a replica stepping or requests held."""
+        if self.gateway and len(self._timers) > 1:
+            return True
+        return any(not r.idle for r in self.fleet.replicas.values())
+
+
+def simulate(workload: Workload, profile: PerformanceProfile, replicas: int = 1, router: str = "least-tokens",
+             seed: int = 0, progress: Callable[[int], None] | None = None) -> SimulationResult:
+    """A fixed fleet of ``replicas`` serving ``workload`` from time 0; pure for a given seed."""
+    if not (isinstance(replicas, int) and replicas >= 1):
+        raise ValueError(f"replicas={replicas!r}: must be an integer >= 1")
+    engine = Engine(workload, profile, EngineConfig(router=router, seed=seed), initial_replicas=replicas)
+    return engine.run(progress=progress)

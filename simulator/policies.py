@@ -1,0 +1,236 @@
+"""The policies a comparison runs, each wired into KEDA + HPA the way people really deploy it.
+
+Every autoscaling policy is a KEDA trigger: a metric the HPA sizes with ``AverageValue`` and an
+``IsActive`` answer, both read only from what a live system sees (``observe.Observer``: scraped vLLM
+metrics, Kubernetes pod phases). The HPA and KEDA settings are their defaults unless a recipe says
+otherwise (``ControlConfig``).
+
+- ``leadscale``: the scaler's own code. The trigger metadata goes through ``scaler.metadata.
+  parse_metadata`` and ``ScalerConfig.policy_config`` (as in ``scaler.evaluator``), the Signals are
+  built like ``scaler.sources.prometheus`` plus the Kubernetes view, and ``scaler.policy.decide``
+  runs every 5 s (the evaluator's interval), the HPA reading the cached ``desired_replicas`` with
+  target 1. Its chart sets the HPA's scale-down window and tolerance to 0 (the policy owns both).
+- ``waiting-requests``: vLLM production-stack's recipe, a Prometheus trigger on
+  ``sum(vllm:num_requests_waiting)``, threshold 5, AverageValue.
+- ``kv-cache``: ``sum(vllm:kv_cache_usage_perc)``, target 0.8 per replica (AverageValue).
+- ``saturation``: llm-d's workload-variant-autoscaler v1 saturation analyzer (KV >= 0.8 or queue
+  >= 5 saturates a replica; +1 when the average spare KV < 0.1 or spare queue < 3 across the
+  non-saturated replicas and none is pending; -1 only if the load spread over one fewer replica
+  keeps both margins); its desired count reaches the HPA as a metric with target 1.
+- ``fixed:N``: N replicas, no autoscaler. ``oracle``: see ``simulator.oracle``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from scaler import policy as live_policy
+from scaler.metadata import ScalerConfig, parse_metadata
+from simulator.control import ControlConfig, ScalingPolicy, ScalingRules, default_scale_up
+from simulator.observe import Observer
+
+NAMES = ("leadscale", "waiting-requests", "kv-cache", "saturation", "fixed:N", "oracle")
+EVALUATOR_INTERVAL_S = 5.0  # scaler.evaluator's default loop period
+STALENESS_LIMIT_S = 60.0  # scaler.evaluator's default: older data -> Unavailable (KEDA fallback)
+
+
+@dataclass(frozen=True)
+class View:
+    """What a live autoscaler can read at one instant: Prometheus (via the observer) and pod phases."""
+
+    observer: Observer
+    spec_replicas: int
+    ready_replicas: int
+    starting_replicas: int
+
+
+class TriggerPolicy:
+    """A KEDA trigger: ``metric`` (None = the read failed) and ``active`` at ``now``."""
+
+    name = "trigger"
+    evaluation_period_s: float | None = None  # own evaluation loop (None: computed when asked)
+
+    def __init__(self, control: ControlConfig) -> None:
+        self.control = control
+
+    def evaluate(self, now: float, view: View) -> None:
+        """Run the policy's own loop once (only for policies with ``evaluation_period_s``)."""
+
+    def metric(self, now: float, view: View) -> float | None:
+        raise NotImplementedError
+
+    def active(self, now: float, view: View) -> bool | None:
+        value = self.metric(now, view)
+        return None if value is None else value > self.control.activation_threshold
+
+
+class PrometheusTrigger(TriggerPolicy):
+    """KEDA's ``prometheus`` scaler on ``sum(<gauge>)``; an empty answer is 0 (``ignoreNullValues``)."""
+
+    def __init__(self, name: str, gauge: str, threshold: float, control: ControlConfig) -> None:
+        super().__init__(replace(control, target_value=threshold))
+        self.name, self.gauge = name, gauge
+
+    def metric(self, now: float, view: View) -> float | None:
+        value = view.observer.gauges_sum(self.gauge, now)
+        return 0.0 if value is None else value
+
+
+@dataclass(frozen=True)
+class SaturationConfig:
+    """WVA's capacity-scaling defaults (``capacity-scaling-config``)."""
+
+    kv_cache_threshold: float = 0.8
+    queue_length_threshold: float = 5.0
+    kv_spare_trigger: float = 0.1
+    queue_spare_trigger: float = 3.0
+
+
+class Saturation(TriggerPolicy):
+    """WVA v1 saturation analysis: one replica more or less at a time, from per-replica KV and queue."""
+
+    name = "saturation"
+
+    def __init__(self, control: ControlConfig, config: SaturationConfig | None = None) -> None:
+        super().__init__(replace(control, target_value=1.0))
+        self.config = config or SaturationConfig()
+
+    def desired(self, now: float, view: View) -> int:
+        cfg = self.config
+        kv = view.observer.gauge("vllm:kv_cache_usage_perc", now)
+        queue = view.observer.gauge("vllm:num_requests_waiting", now)
+        ids = sorted(set(kv) & set(queue))
+        current = view.spec_replicas
+        if not ids:
+            return current
+        free = [i for i in ids if kv[i] < cfg.kv_cache_threshold and queue[i] < cfg.queue_length_threshold]
+        if not free:
+            return current + 1 if view.starting_replicas == 0 else current
+        spare_kv = sum(cfg.kv_cache_threshold - kv[i] for i in free) / len(free)
+        spare_queue = sum(cfg.queue_length_threshold - queue[i] for i in free) / len(free)
+        if spare_kv < cfg.kv_spare_trigger or spare_queue < cfg.queue_spare_trigger:
+            return current + 1 if view.starting_replicas == 0 else current
+        if len(free) >= 2 and len(free) == len(ids):
+            remaining = len(free) - 1
+            kv_after = cfg.kv_cache_threshold - sum(kv[i] for i in free) / remaining
+            queue_after = cfg.queue_length_threshold - sum(queue[i] for i in free) / remaining
+            if kv_after >= cfg.kv_spare_trigger and queue_after >= cfg.queue_spare_trigger:
+                return current - 1
+        return current
+
+    def metric(self, now: float, view: View) -> float | None:
+        return float(self.desired(now, view))
+
+    def active(self, now: float, view: View) -> bool | None:
+        return True  # WVA keeps at least minReplicas; it does not drive scale-to-zero in v1
+
+
+class Leadscale(TriggerPolicy):
+    """``scaler.policy.decide`` fed the Signals the live scaler builds, on the evaluator's schedule."""
+
+    name = "leadscale"
+    evaluation_period_s = EVALUATOR_INTERVAL_S
+
+    def __init__(self, metadata: dict[str, str], control: ControlConfig) -> None:
+        super().__init__(replace(control, target_value=1.0))
+        self.metadata = dict(metadata)
+        self.config: ScalerConfig = parse_metadata(self.metadata)
+        self.state: Any = live_policy.PolicyState()
+        self.decision: Any = None
+        self.data_at = -math.inf
+        self.decisions: list[tuple[float, int, dict[str, float]]] = []
+
+    def policy_config(self) -> Any:
+        """Exactly what the evaluator builds: metadata first, the ScaledObject's min/max otherwise."""
+        return self.config.policy_config(self.control.min_replicas, self.control.max_replicas)
+
+    def evaluate(self, now: float, view: View) -> None:
+        signals = view.observer.signals(now, view.ready_replicas, view.starting_replicas,
+                                        lead_time_auto=self.config.lead_time_auto)
+        if signals is None or signals.data_age_s > STALENESS_LIMIT_S:
+            return  # the live evaluator keeps its last decision until the data behind it is too old
+        decision = live_policy.decide(signals, self.state, self.policy_config(), now)
+        self.state, self.decision, self.data_at = decision.state, decision, now - signals.data_age_s
+        self.decisions.append((now, decision.desired_replicas, dict(decision.terms)))
+
+    def _fresh(self, now: float) -> Any:
+        return self.decision if self.decision is not None and now - self.data_at <= STALENESS_LIMIT_S else None
+
+    def metric(self, now: float, view: View) -> float | None:
+        decision = self._fresh(now)
+        return None if decision is None else float(decision.desired_replicas)
+
+    def active(self, now: float, view: View) -> bool | None:
+        decision = self._fresh(now)
+        return None if decision is None else bool(decision.active)
+
+
+@dataclass(frozen=True)
+class Fixed:
+    """N replicas for the whole run; no control loop."""
+
+    replicas: int
+    name: str = field(default="fixed")
+
+
+@dataclass(frozen=True)
+class OracleSpec:
+    """Marker: the clairvoyant schedule is computed by ``simulator.oracle`` from the workload itself."""
+
+    name: str = "oracle"
+
+
+def leadscale_metadata(profile: str, slo_ttft_s: float, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The trigger metadata a user would write for this profile and SLO (see charts/ and docs)."""
+    meta = {"model": "simulated", "profile": profile, "ttftSeconds": f"{slo_ttft_s:g}", "leadTime": "auto",
+            "activationQuery": "sum(gateway_queue_requests)"}
+    meta.update(extra or {})
+    return meta
+
+
+def leadscale_control(min_replicas: int, max_replicas: int) -> ControlConfig:
+    """The ScaledObject of charts/: target 1; the HPA's scale-down window and tolerance left to the policy."""
+    return ControlConfig(min_replicas=min_replicas, max_replicas=max_replicas,
+                         scale_up=replace(default_scale_up(), tolerance=0.0),
+                         scale_down=ScalingRules(0.0, (ScalingPolicy("Percent", 100, 15.0),), tolerance=0.0))
+
+
+def make_policy(name: str, profile: str, slo_ttft_s: float, min_replicas: int = 1, max_replicas: int = 100,
+                leadscale_extra: dict[str, str] | None = None) -> TriggerPolicy | Fixed | OracleSpec:
+    """Build a policy by name; ``ValueError`` naming the value and the allowed names otherwise."""
+    text = name.strip()
+    control = ControlConfig(min_replicas=min_replicas, max_replicas=max_replicas)
+    if text == "leadscale":
+        return Leadscale(leadscale_metadata(profile, slo_ttft_s, leadscale_extra),
+                         leadscale_control(min_replicas, max_replicas))
+    if text == "waiting-requests":
+        return PrometheusTrigger(text, "vllm:num_requests_waiting", 5.0, control)
+    if text == "kv-cache":
+        return PrometheusTrigger(text, "vllm:kv_cache_usage_perc", 0.8, control)
+    if text == "saturation":
+        return Saturation(control)
+    if text == "oracle":
+        return OracleSpec()
+    if text.startswith("fixed:"):
+        count = text.split(":", 1)[1]
+        if count.isdigit() and int(count) >= 1:
+            return Fixed(int(count), name=text)
+        raise ValueError(f"policy {name!r}: fixed:N needs an integer N >= 1")
+    raise ValueError(f"policy {name!r}: allowed {', '.join(NAMES)}")
+
+
+def parse_policies(text: str) -> list[str]:
+    """``a,b,c`` -> names, each checked (no duplicates); ``ValueError`` naming the bad one."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise ValueError(f"--policies {text!r}: give at least one of {', '.join(NAMES)}")
+    seen: set[str] = set()
+    for n in names:
+        if n in seen:
+            raise ValueError(f"--policies {text!r}: {n!r} is listed twice")
+        seen.add(n)
+        if n not in NAMES and not (n.startswith("fixed:") and n[6:].isdigit() and int(n[6:]) >= 1):
+            raise ValueError(f"--policies: {n!r} is not a policy; allowed {', '.join(NAMES)}")
+    return names

@@ -1,0 +1,450 @@
+"""One vLLM replica: the v1 scheduler's step rules over a paged KV cache, advanced event by event.
+
+Imitates vLLM 0.11's v1 ``Scheduler.schedule()`` (chunked prefill always on, FCFS policy):
+1. Running requests first, in order: each gets ``min(num_tokens - num_computed_tokens, budget left)``
+   new tokens (1 when decoding, a chunk when prefilling) until ``max_num_batched_tokens`` is spent.
+   ``allocate_slots`` needs ``ceil((computed + new) / 16)`` blocks; when the free blocks run out the
+   *tail* of ``running`` (newest) is preempted: its blocks are freed, ``num_computed_tokens`` reset to 0,
+   and it goes back to the *head* of ``waiting`` (recompute of prompt + generated tokens later).
+2. Only if nothing was preempted this step: admit waiting requests FCFS while the budget lasts, fewer
+   than ``max_num_seqs`` run and their blocks fit (prefix-cache hits skip computation, ``kv_cache``).
+3. After the step, each request whose computed tokens reach its token count samples one token (the
+   first one is the TTFT); a request finishes when it has its output length.
+``num_requests_waiting`` includes preempted requests, as in vLLM. Left out: priorities, the
+``long_prefill_token_threshold`` and ``max_num_partial_prefills`` knobs (off by default), spec decode,
+LoRA, multimodal, KV connectors, async scheduling's one-step lag, structured output.
+
+Speed: when every running request is decoding, nothing can be admitted and the next blocks fit, the
+batch stays the same until the first request finishes or the free blocks run out. That whole stretch
+is planned at once (``DecodeRun``: step times in closed form) and applied lazily: an arrival cuts it at
+the step in progress, a metrics read applies just the steps already over.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from simulator.kv_cache import PrefixCache
+from simulator.profiles import PerformanceProfile
+from simulator.results import ABORTED, FINISHED, LatencyHistogram, RequestLog
+from simulator.step_time import DecodeRun
+
+
+@dataclass(frozen=True)
+class ReplicaMetrics:
+    """One replica's vLLM metrics at ``at`` (names as vLLM exports them, ``vllm:`` prefix dropped).
+
+    Counters are monotonic over the replica's life (a new replica starts at 0, like a restarted pod);
+    ``request_*_tokens_sum`` are the sums of the ``vllm:request_{prompt,generation}_tokens`` histograms
+    (their count is ``request_success_total``). ``waiting_prompt_tokens`` is exact (vLLM has no such
+    metric; a gateway might), preempted requests included at their recompute length.
+    """
+
+    at: float
+    replica: int
+    prompt_tokens_total: int
+    generation_tokens_total: int
+    request_success_total: int
+    num_preemptions_total: int
+    request_prompt_tokens_sum: int
+    request_generation_tokens_sum: int
+    num_requests_running: int
+    num_requests_waiting: int
+    kv_cache_usage_perc: float
+    waiting_prompt_tokens: int
+    num_gpu_blocks: int
+    block_size: int
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+
+
+ID, NTOK, COMP, LEFT, NEW = range(5)  # rows of Replica.S; LEFT = tokens - final (< 0 while running)
+
+
+class Replica:
+    """One serving vLLM engine. The ``Fleet`` creates it; the engine drives it with ``enqueue``/``on_event``.
+
+    Running requests are the columns ``[:n]`` of ``S`` (rows ``ID``, ``NTOK`` = prompt + generated tokens,
+    ``COMP`` = num_computed_tokens, ``LEFT`` = NTOK - (prompt + output), ``NEW`` = tokens of the step in
+    progress), in admission order. A request holds exactly ``ceil((COMP + NEW) / block_size)`` KV blocks
+    (vLLM allocates for the scheduled tokens, frees on preemption or finish), so blocks are derived, not
+    stored; scalar bounds on them skip the exact count while the cache is far from full.
+    """
+
+    def __init__(self, rid: int, profile: PerformanceProfile, log: RequestLog, itl: LatencyHistogram,
+                 now: float, prefix: tuple[np.ndarray, np.ndarray, int] | None = None) -> None:
+        self.id, self.profile, self.log, self.itl = rid, profile, log, itl
+        self.added_s = self.clock = self.run_start = now
+        self.draining = False
+        self.version = 0  # the engine's stamp on this replica's pending step event
+        self.bs, self.total_blocks = profile.block_size, profile.num_gpu_blocks
+        self.budget, self.max_seqs, self.model = profile.max_num_batched_tokens, profile.max_num_seqs, profile.step_time
+        self.S = np.zeros((5, profile.max_num_seqs), np.int64)
+        self.n = self.comp_sum = self.new_sum = 0
+        self.all_decoding = True
+        self.fast, self.n_running, self._adm_attn = True, 0, 0.0  # how the step in progress was scheduled
+        self.waiting: deque[int] = deque()
+        self.outstanding_tokens = 0
+        self.prefix: PrefixCache | None = None
+        if prefix is not None:
+            self._block_ids, self._block_offsets, block_tokens = prefix
+            self.prefix = PrefixCache(self.total_blocks * self.bs // block_tokens, block_tokens, self.bs)
+        self.busy_until: float | None = None
+        self.run: DecodeRun | None = None  # a decode run of run_k steps from run_start, run_done applied
+        self.run_k = self.run_done = 0
+        self.step_s = 0.0
+        self.counters = dict(prompt_tokens_total=0, generation_tokens_total=0, request_success_total=0,
+                             num_preemptions_total=0, request_prompt_tokens_sum=0, request_generation_tokens_sum=0)
+
+    # ----- engine-facing -----------------------------------------------------------------------------
+    def enqueue(self, rid: int, now: float) -> float | None:
+        """Add an arrived request to ``waiting``; returns the replica's next event time if it changed."""
+        log = self.log
+        self.waiting.append(rid)
+        log.replica[rid] = self.id
+        self.outstanding_tokens += int(log.input_tokens[rid] + log.output_tokens[rid])
+        if self.busy_until is None:
+            self.clock = max(self.clock, now)
+            return self._plan()
+        if self.run is not None and self.run_k - self.run_done > 1:
+            done = self.run.steps_within(now - self.run_start)  # steps over by now; cut after the next one
+            if done + 1 < self.run_k:
+                self.run_k = done + 1
+                self.busy_until = self.run_start + self.run.total(self.run_k)
+                return self.busy_until
+        return None
+
+    def on_event(self, now: float) -> float | None:
+        """The planned step(s) end at ``now``: apply them, schedule the next; returns its end or None (idle)."""
+        if self.run is not None:
+            self._apply_run(self.run_k - self.run_done)
+        else:
+            self._complete_step()
+        self.clock = now
+        return self._plan()
+
+    def sync(self, now: float) -> None:
+        """Apply the steps of a decode run already over at ``now`` (for an exact metrics read)."""
+        if self.run is not None and self.busy_until is not None and now < self.busy_until:
+            done = min(self.run.steps_within(now - self.run_start), self.run_k - 1)
+            if done > self.run_done:
+                self._apply_run(done - self.run_done)
+
+    def metrics(self, now: float) -> ReplicaMetrics:
+        """vLLM's metrics as a scrape at ``now`` would read them."""
+        self.sync(now)
+        log, waiting = self.log, self.waiting
+        w = np.fromiter(waiting, np.int64, len(waiting))
+        arrived = log.arrival_s[w] <= now
+        return ReplicaMetrics(
+            at=now, replica=self.id, **self.counters, num_requests_running=self.n,
+            num_requests_waiting=int(arrived.sum()), kv_cache_usage_perc=self.used_blocks() / self.total_blocks,
+            waiting_prompt_tokens=int((log.input_tokens[w] + log.generated[w])[arrived].sum()),
+            num_gpu_blocks=self.total_blocks, block_size=self.bs,
+            prefix_cache_queries=self.prefix.query_tokens if self.prefix else 0,
+            prefix_cache_hits=self.prefix.hit_tokens if self.prefix else 0)
+
+    def used_blocks(self) -> int:
+        """KV blocks held now (exact); a decode run has one token in flight per request."""
+        n, S, bs = self.n, self.S, self.bs
+        if self.run is not None:
+            return int(((S[COMP, :n] + bs) // bs).sum())
+        return int(((S[COMP, :n] + S[NEW, :n] + (bs - 1)) // bs).sum())
+
+    def _used_bound(self) -> float:
+        """An upper bound on ``used_blocks()`` from running sums (no array work)."""
+        return (self.comp_sum + self.new_sum) / self.bs + self.n
+
+    @property
+    def idle(self) -> bool:
+        return self.busy_until is None
+
+    def abort_all(self, now: float) -> list[int]:
+        """Drop every running and waiting request (the pod is gone); returns their ids."""
+        self.sync(now)
+        n, S, log = self.n, self.S, self.log
+        running = S[ID, :n]
+        log.generated[running] = S[NTOK, :n] - log.input_tokens[running]
+        ids = [int(i) for i in running] + list(self.waiting)
+        log.status[ids] = ABORTED
+        self.n = self.comp_sum = self.new_sum = self.outstanding_tokens = 0
+        self.busy_until, self.run = None, None
+        self.waiting.clear()
+        return ids
+
+    # ----- planning ------------------------------------------------------------------------------------
+    def _head_tokens(self, budget: int, now: float) -> tuple[int, int] | None:
+        """(cached, scheduled) tokens of the waiting head if seats, budget and arrival allow admitting it."""
+        if not self.waiting or budget <= 0 or self.n >= self.max_seqs:
+            return None
+        rid = self.waiting[0]
+        if self.log.arrival_s[rid] > now:
+            return None
+        ntok = int(self.log.input_tokens[rid] + self.log.generated[rid])
+        cached = self._cached(rid, ntok, touch=False)
+        return cached, min(ntok - cached, budget)
+
+    def _cached(self, rid: int, ntok: int, touch: bool) -> int:
+        if self.prefix is None:
+            return 0
+        return self.prefix.lookup(self._block_ids[self._block_offsets[rid]: self._block_offsets[rid + 1]], ntok,
+                                  touch=touch)
+
+    def _plan(self) -> float | None:
+        """Schedule from ``self.clock``: a decode run when nothing else can change, else one general step."""
+        n = self.n
+        if n and self.all_decoding and n <= self.budget:
+            S, bs, total = self.S, self.bs, self.total_blocks
+            k = int(-S[LEFT, :n].max())  # steps until the first finish
+            head = self._head_tokens(self.budget - n, self.clock)
+            if head is not None:
+                free1 = total - int(((S[COMP, :n] + bs) // bs).sum())
+                if -(-(head[0] + head[1]) // bs) <= free1:
+                    return self._start_step()  # it would be admitted next step
+            if (self.comp_sum + n * k) / bs + n > total:
+                k = self._kv_run_length(k)
+            if k > 0:
+                return self._start_run(k)
+        return self._start_step()
+
+    def _kv_run_length(self, k_fin: int) -> int:
+        """Steps (<= k_fin) whose blocks fit: the cache runs out at the next one (which then preempts)."""
+        S, bs, n, total = self.S, self.bs, self.n, self.total_blocks
+        comp = S[COMP, :n] + (bs - 1)
+        lo, hi = 0, k_fin + 1  # fits(lo), not fits(hi)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if int(((comp + mid) // bs).sum()) <= total:
+                lo = mid
+            else:
+                hi = mid
+        return lo
+
+    def _start_run(self, k: int) -> float:
+        n = self.n
+        self.new_sum = n  # one token each in flight (the NEW row is implied, not written)
+        self.run = self.model.decode_run(n, float(self.comp_sum + n))
+        self.run_start, self.run_k, self.run_done = self.clock, k, 0
+        self.busy_until = self.clock + self.run.total(k)
+        return self.busy_until
+
+    def _apply_run(self, j: int) -> None:
+        """Apply ``j`` more steps of the decode run in progress."""
+        run, n = self.run, self.n
+        if j <= 0 or run is None:
+            return
+        self.itl.add_arithmetic(run.first_s + run.growth_s * self.run_done, run.growth_s, j, float(n))
+        self.S[NTOK:NEW, :n] += j
+        self.comp_sum += n * j
+        self.counters["generation_tokens_total"] += n * j
+        self.run_done += j
+        if self.run_done == self.run_k:
+            self.run = self.busy_until = None
+            self.new_sum = 0
+            self._finish_done(self.run_start + run.total(self.run_k))
+
+    # ----- one general step ------------------------------------------------------------------------------
+    def _start_step(self) -> float | None:
+        """One general step (chunked prefill, admissions, preemption); None when there is nothing to run.
+
+        Fast path (the common one): every running request decodes and all fit the budget, so the
+        running part needs one array write and the step inputs come from running sums.
+        """
+        n, S = self.n, self.S
+        self.run = None
+        self.n_running = n  # requests before admission: only these can be decoding
+        self._adm_attn = 0.0
+        preempted = False
+        free: int | None = None  # exact free blocks, computed only when the bound is not enough
+        self.fast = self.all_decoding and n <= self.budget
+        if self.fast:
+            S[NEW, :n] = 1
+            self.new_sum = n
+        else:
+            need = S[NTOK, :n] - S[COMP, :n]
+            cum = np.cumsum(need)
+            S[NEW, :n] = np.clip(self.budget - (cum - need), 0, need)
+            self.new_sum = min(int(cum[-1]), self.budget)
+        if self._used_bound() > self.total_blocks:
+            free = self.total_blocks - self.used_blocks()
+            if free < 0:
+                self.fast = False
+                free, preempted = self._schedule_with_preemption()
+                self.n_running = self.n
+        if not preempted:
+            self._admit(self.budget - self.new_sum, free)
+        n = self.n
+        if n == 0:  # idle, or everything running was preempted (the next step admits)
+            self.busy_until = None
+            return self._zero_step() if preempted else None
+        n0 = self.n_running
+        if self.fast:
+            decodes, context = n0, self.comp_sum - int(S[COMP, n0:n].sum()) + n0
+        else:
+            new, comp = S[NEW, :n0], S[COMP, :n0]
+            decode = (new == 1) & (S[NTOK, :n0] - comp == 1)
+            partial = (new > 0) & ~decode
+            decodes, context = int(decode.sum()), float(comp[decode].sum() + decode.sum())
+            p_new = new[partial]
+            self._adm_attn += float((p_new * (comp[partial] + p_new / 2.0)).sum())
+            n0 = int(partial.sum()) + decodes
+        self.step_s = self.model.step_time(self.new_sum, n0 + n - self.n_running if self.fast else n0 + n
+                                           - self.n_running, float(context), self._adm_attn)
+        self.busy_until = self.clock + self.step_s
+        return self.busy_until
+
+    def _zero_step(self) -> float:
+        """Everything running was preempted this step: nothing computes; the next step admits."""
+        self.step_s = self.model.step_time(0, 0, 0.0, 0.0)
+        self.busy_until = self.clock + self.step_s
+        return self.busy_until
+
+    def _schedule_with_preemption(self) -> tuple[int, bool]:
+        """vLLM's sequential loop: allocate in order, preempting the newest running request on shortage."""
+        S, bs = self.S, self.bs
+        S[NEW, : self.n] = 0
+        self.new_sum = 0
+        budget, free, preempted, i = self.budget, self.total_blocks - self.used_blocks(), False, 0
+        while i < self.n and budget > 0:
+            comp = int(S[COMP, i])
+            nt = min(int(S[NTOK, i]) - comp, budget)
+            extra = -(-(comp + nt) // bs) - -(-comp // bs)
+            while extra > free and self.n > i:
+                free += self._preempt(self.n - 1)
+                preempted = True
+            if self.n <= i:
+                break
+            S[NEW, i] = nt
+            free -= extra
+            budget -= nt
+            i += 1
+        self.new_sum = self.budget - budget
+        return free, preempted
+
+    def _preempt(self, j: int) -> int:
+        """Preempt running slot ``j`` (the tail): recompute later; returns the blocks freed."""
+        S, log = self.S, self.log
+        rid = int(S[ID, j])
+        comp = int(S[COMP, j])
+        log.generated[rid] = S[NTOK, j] - log.input_tokens[rid]
+        log.preemptions[rid] += 1
+        self.counters["num_preemptions_total"] += 1
+        self.waiting.appendleft(rid)
+        self.n -= 1
+        self.comp_sum -= comp
+        return -(-comp // self.bs)
+
+    def _admit(self, budget: int, free: int | None) -> None:
+        """Admit waiting requests FCFS while seats, budget and blocks last (each one a prefill)."""
+        log, S, bs, now = self.log, self.S, self.bs, self.clock
+        bound = self._used_bound()
+        while True:
+            head = self._head_tokens(budget, now)
+            if head is None:
+                break
+            cached, nt = head
+            want = -(-(cached + nt) // bs)
+            if free is None and bound + want > self.total_blocks:
+                free = self.total_blocks - self.used_blocks()
+            if free is not None:
+                if want > free:
+                    break
+                free -= want
+            bound += want
+            rid = self.waiting.popleft()
+            ntok = int(log.input_tokens[rid] + log.generated[rid])
+            if self.prefix is not None:
+                self._cached(rid, ntok, touch=True)
+            j = self.n
+            S[:, j] = (rid, ntok, cached, ntok - log.input_tokens[rid] - log.output_tokens[rid], nt)
+            self.n += 1
+            self.comp_sum += cached
+            self.new_sum += nt
+            self._adm_attn += nt * (cached + nt / 2.0)
+            budget -= nt
+            if log.first_scheduled_s[rid] != log.first_scheduled_s[rid]:  # NaN: first time
+                log.first_scheduled_s[rid] = now
+
+    def _complete_step(self) -> None:
+        """Apply the general step that just ended: computed tokens, samples, first tokens, finishes."""
+        n, S, n0 = self.n, self.S, self.n_running
+        self.busy_until = None
+        if n == 0:
+            return
+        end = self.clock + self.step_s
+        if self.fast:  # running part: one decode token each
+            S[NTOK:NEW, :n0] += 1
+            decodes = n0
+            sampled_ids = []
+            for j in range(n0, n):
+                comp = int(S[COMP, j] + S[NEW, j])
+                S[COMP, j] = comp
+                if comp == S[NTOK, j]:
+                    S[NTOK, j] += 1
+                    S[LEFT, j] += 1
+                    sampled_ids.append(int(S[ID, j]))
+            count = n0 + len(sampled_ids)
+            first = np.array(sampled_ids, np.int64)
+        else:
+            new = S[NEW, :n]
+            was_decode = (new == 1) & (S[NTOK, :n] - S[COMP, :n] == 1)
+            was_decode[n0:] = False
+            S[COMP, :n] += new
+            sampled = (new > 0) & (S[COMP, :n] == S[NTOK, :n])
+            S[NTOK, :n] += sampled
+            S[LEFT, :n] += sampled
+            count, decodes = int(sampled.sum()), int(was_decode.sum())
+            first = S[ID, :n][sampled & ~was_decode]
+        S[NEW, :n] = 0
+        self.comp_sum += self.new_sum
+        self.new_sum = 0
+        self.counters["generation_tokens_total"] += count
+        if decodes:
+            self.itl.add(self.step_s, float(decodes))
+        if first.size:
+            self._first_tokens(first, end)
+        self._finish_done(end)
+        n = self.n
+        self.all_decoding = bool((S[NTOK, :n] - S[COMP, :n] == 1).all())
+
+    def _first_tokens(self, ids: np.ndarray, end: float) -> None:
+        """Record first tokens (not re-samples after a recompute) and remember prompts for prefix caching."""
+        log = self.log
+        first = ids[np.isnan(log.first_token_s[ids])]
+        if not first.size:
+            return
+        log.first_token_s[first] = end
+        self.counters["prompt_tokens_total"] += int(log.input_tokens[first].sum())
+        if self.prefix is not None:
+            for rid in first.tolist():
+                self.prefix.insert(self._block_ids[self._block_offsets[rid]: self._block_offsets[rid + 1]],
+                                   int(log.input_tokens[rid]))
+
+    def _finish_done(self, end: float) -> None:
+        """Retire the running requests that reached their output length at ``end``; compact the columns."""
+        n, S = self.n, self.S
+        idx = np.flatnonzero(S[LEFT, :n] == 0)
+        if not idx.size:
+            return
+        log, c = self.log, self.counters
+        ids = S[ID, idx]
+        log.finish_s[ids] = end
+        log.status[ids] = FINISHED
+        log.generated[ids] = log.output_tokens[ids]
+        prompt, output = int(log.input_tokens[ids].sum()), int(log.output_tokens[ids].sum())
+        c["request_success_total"] += int(ids.size)
+        c["request_prompt_tokens_sum"] += prompt
+        c["request_generation_tokens_sum"] += output
+        self.outstanding_tokens -= prompt + output
+        self.comp_sum -= int(S[COMP, idx].sum())
+        if idx.size == 1:
+            i = int(idx[0])
+            S[:, i: n - 1] = S[:, i + 1: n]
+        else:
+            keep = np.ones(n, bool)
+            keep[idx] = False
+            S[:, : n - idx.size] = S[:, :n][:, keep]
+        self.n = n - int(idx.size)

@@ -1,0 +1,162 @@
+"""``report.md`` + ``report.html`` with matplotlib PNGs for one comparison of autoscaling policies.
+
+Plots: for each policy, demand (replicas the load needs, from the capacity model) against ready and
+starting replicas over time; p95 TTFT per minute over time; TTFT CDFs; and the side-by-side table.
+Inputs are ``AutoscaleResult``-like objects (``summary``, ``timeline``, ``arrival_s``, ``ttft_s``),
+so the report never reruns a simulation.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+TABLE_COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("gpu_hours", "GPU-hours", "{:.2f}"),
+    ("ttft_p95", "p95 TTFT (s)", "{:.2f}"),
+    ("ttft_p99", "p99 TTFT (s)", "{:.2f}"),
+    ("slo_attainment", "SLO attainment", "{:.3f}"),
+    ("rejected", "rejected", "{:d}"),
+    ("aborted", "aborted", "{:d}"),
+    ("scale_events", "scale events", "{:d}"),
+    ("mean_replicas", "mean replicas", "{:.2f}"),
+    ("max_replicas", "max replicas", "{:d}"),
+)
+
+
+class ResultLike(Protocol):
+    summary: Mapping[str, Any]
+    timeline: Mapping[str, np.ndarray]
+    arrival_s: np.ndarray
+    ttft_s: np.ndarray
+
+
+def _cell(summary: Mapping[str, Any], key: str, fmt: str) -> str:
+    value = summary.get(key)
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "n/a"
+    try:
+        return fmt.format(int(value) if "d}" in fmt else float(value))
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def table_rows(results: Mapping[str, ResultLike]) -> tuple[list[str], list[list[str]]]:
+    """Header and one row per policy, in the given order."""
+    header = ["policy", *(label for _, label, _ in TABLE_COLUMNS)]
+    rows = [[name, *(_cell(r.summary, key, fmt) for key, _, fmt in TABLE_COLUMNS)] for name, r in results.items()]
+    return header, rows
+
+
+def markdown_table(results: Mapping[str, ResultLike]) -> str:
+    header, rows = table_rows(results)
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _p95_per_minute(arrival: np.ndarray, ttft: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    ok = np.isfinite(ttft)
+    if not ok.any():
+        return np.array([]), np.array([])
+    minute = np.floor(arrival[ok] / 60.0).astype(np.int64)
+    values = ttft[ok]
+    order = np.argsort(minute, kind="stable")
+    minute, values = minute[order], values[order]
+    edges = np.flatnonzero(np.diff(minute)) + 1
+    groups = np.split(values, edges)
+    starts = minute[np.r_[0, edges]]
+    return starts.astype(float), np.array([np.percentile(g, 95) for g in groups])
+
+
+def plot(results: Mapping[str, ResultLike], out_dir: Path, slo_ttft_s: float) -> list[str]:
+    """Write the PNGs; returns their file names."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(results)
+    files = []
+    fig, axes = plt.subplots(len(names), 1, figsize=(10, 2.4 * len(names) + 0.6), sharex=True, squeeze=False)
+    for ax, name in zip(axes[:, 0], names, strict=True):
+        tl = results[name].timeline
+        t = np.asarray(tl["t"]) / 60.0
+        if "demand" in tl:
+            ax.plot(t, tl["demand"], color="black", lw=1.0, label="demand (replicas needed)")
+        ax.step(t, tl["ready"], where="post", color="tab:blue", lw=1.2, label="ready")
+        ax.step(t, np.asarray(tl["ready"]) + np.asarray(tl["starting"]), where="post", color="tab:orange", lw=1.0,
+                ls="--", label="ready + starting")
+        ax.set_ylabel("replicas")
+        ax.set_title(name, fontsize=10, loc="left")
+        ax.grid(alpha=0.3)
+    axes[0, 0].legend(fontsize=8, loc="upper right")
+    axes[-1, 0].set_xlabel("time (min)")
+    fig.tight_layout()
+    fig.savefig(out_dir / "replicas.png", dpi=90)
+    plt.close(fig)
+    files.append("replicas.png")
+
+    fig, ax = plt.subplots(figsize=(10, 3.5))
+    for name in names:
+        minutes, p95 = _p95_per_minute(np.asarray(results[name].arrival_s), np.asarray(results[name].ttft_s))
+        ax.plot(minutes, p95, lw=1.0, label=name)
+    ax.axhline(slo_ttft_s, color="red", ls=":", lw=1.0, label=f"SLO {slo_ttft_s:g} s")
+    ax.set_yscale("log")
+    ax.set_xlabel("time (min)")
+    ax.set_ylabel("p95 TTFT per minute (s)")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out_dir / "ttft_over_time.png", dpi=90)
+    plt.close(fig)
+    files.append("ttft_over_time.png")
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name in names:
+        ttft = np.sort(np.asarray(results[name].ttft_s)[np.isfinite(results[name].ttft_s)])
+        if ttft.size:
+            ax.plot(ttft, np.arange(1, ttft.size + 1) / ttft.size, lw=1.2, label=name)
+    ax.axvline(slo_ttft_s, color="red", ls=":", lw=1.0)
+    ax.axhline(0.95, color="grey", ls=":", lw=0.8)
+    ax.set_xscale("log")
+    ax.set_xlabel("TTFT (s)")
+    ax.set_ylabel("fraction of requests")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out_dir / "ttft_cdf.png", dpi=90)
+    plt.close(fig)
+    files.append("ttft_cdf.png")
+    return files
+
+
+def write_report(results: Mapping[str, ResultLike], out_dir: str | Path, title: str, slo_ttft_s: float,
+                 notes: Sequence[str] = ()) -> dict[str, Path]:
+    """Write report.md, report.html and the PNGs into ``out_dir``; returns their paths."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    pngs = plot(results, out, slo_ttft_s)
+    md = [f"# {title}", "", *notes, "", markdown_table(results), ""]
+    md += [f"![{p}]({p})" for p in pngs]
+    (out / "report.md").write_text("\n".join(md) + "\n")
+    header, rows = table_rows(results)
+    cells = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows)
+    page = (
+        "<!doctype html><html><head><meta charset='utf-8'><title>" + html.escape(title) + "</title>"
+        "<style>body{font-family:sans-serif;max-width:1100px;margin:auto}table{border-collapse:collapse}"
+        "td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}td:first-child{text-align:left}</style>"
+        "</head><body><h1>" + html.escape(title) + "</h1>"
+        + "".join(f"<p>{html.escape(n)}</p>" for n in notes if n)
+        + f"<table><tr>{cells}</tr>{body}</table>"
+        + "".join(f"<p><img src='{p}' alt='{p}'></p>" for p in pngs)
+        + "</body></html>"
+    )
+    (out / "report.html").write_text(page)
+    return {"md": out / "report.md", "html": out / "report.html", **{p: out / p for p in pngs}}

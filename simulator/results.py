@@ -1,0 +1,224 @@
+"""What a simulation produced: per-request records, the token-gap histogram, and the summary.
+
+``RequestLog`` holds one numpy column per field (arrival, first token, finish, lengths, preemptions,
+replica, status): replicas write into it, the summary reads it. Times are simulated seconds from the
+workload's first arrival; NaN in a column means "did not happen". The summary is JSON-safe: an
+undefined statistic (no completed request) is ``None``, never NaN.
+
+Definitions: TTFT = first token - arrival (gateway and queue wait included); TPOT = (finish - first
+token) / (output - 1) for requests with >= 2 output tokens; ITL = duration of each decode step,
+weighted by the tokens it produced (kept in a log-binned histogram, 1 % resolution, so percentiles
+cost no per-token memory; gaps from preemption show in TPOT, not ITL); E2E = finish - arrival;
+queue = first scheduled - arrival. SLO attainment = share of *all* requests (rejected and aborted ones
+count as misses) with TTFT <= slo_ttft and TPOT <= slo_tpot; goodput = such requests per second.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+PENDING, FINISHED, REJECTED, ABORTED = 0, 1, 2, 3
+STATUS_NAMES = ("pending", "finished", "rejected", "aborted")
+PERCENTILES = (50, 90, 95, 99)
+
+
+class LatencyHistogram:
+    """Weighted histogram on log-spaced bins from 10 us to 1000 s (about 1 % wide).
+
+    Values arrive as arithmetic runs (``first + step * i`` for i < k, each with a weight): appending is
+    O(1) in the simulation's hot loop, and the runs are binned in bulk, exactly, when a statistic is read.
+    """
+
+    LO, HI, BINS = 1e-5, 1e3, 1600
+    CHUNK = 2048
+
+    def __init__(self) -> None:
+        self.edges = np.geomspace(self.LO, self.HI, self.BINS + 1)
+        self.counts = np.zeros(self.BINS + 2, dtype=np.float64)  # [underflow, bins..., overflow]
+        self._runs: list[tuple[float, float, int, float]] = []
+
+    def add(self, value: float, weight: float = 1.0) -> None:
+        self._runs.append((value, 0.0, 1, weight))
+
+    def add_arithmetic(self, first: float, step: float, k: int, weight: float) -> None:
+        """Add ``first + step * i`` for i in [0, k), each with ``weight``."""
+        if k > 0:
+            self._runs.append((first, step, k, weight))
+
+    def add_values(self, values: np.ndarray, weight: float = 1.0) -> None:
+        idx = np.searchsorted(self.edges, np.atleast_1d(values), side="right")
+        np.add.at(self.counts, idx, weight)
+
+    def _flush(self) -> None:
+        runs, self._runs = self._runs, []
+        edges = self.edges
+        for lo in range(0, len(runs), self.CHUNK):
+            r = np.array(runs[lo: lo + self.CHUNK], dtype=np.float64)
+            first, step, k, w = r[:, :1], r[:, 1:2], r[:, 2:3], r[:, 3:4]
+            # count of i in [0, k) with first + step * i < edge
+            with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+                below = np.where(step > 0, np.clip(np.ceil((edges - first) / np.where(step > 0, step, 1.0)), 0, k),
+                                 np.where(edges > first, k, 0.0))
+            per_bin = np.diff(np.concatenate((np.zeros_like(k), below, k), axis=1), axis=1)
+            self.counts += (per_bin * w).sum(axis=0)
+
+    def merge(self, other: LatencyHistogram) -> None:
+        self._flush()
+        other._flush()
+        self.counts += other.counts
+
+    @property
+    def total(self) -> float:
+        self._flush()
+        return float(self.counts.sum())
+
+    def percentile(self, q: float) -> float | None:
+        """The q-th percentile (geometric bin centre); None when empty."""
+        self._flush()
+        total = self.counts.sum()
+        if total <= 0:
+            return None
+        i = int(np.searchsorted(np.cumsum(self.counts), total * q / 100.0, side="left"))
+        if i == 0:
+            return self.LO
+        if i > self.BINS:
+            return self.HI
+        return float(math.sqrt(self.edges[i - 1] * self.edges[i]))
+
+
+@dataclass
+class RequestLog:
+    """Per-request columns, filled in by replicas and the gateway during a run."""
+
+    arrival_s: np.ndarray
+    input_tokens: np.ndarray
+    output_tokens: np.ndarray
+    first_scheduled_s: np.ndarray = field(init=False)
+    first_token_s: np.ndarray = field(init=False)
+    finish_s: np.ndarray = field(init=False)
+    generated: np.ndarray = field(init=False)
+    preemptions: np.ndarray = field(init=False)
+    replica: np.ndarray = field(init=False)
+    status: np.ndarray = field(init=False)
+
+    def __post_init__(self) -> None:
+        n = self.arrival_s.size
+        self.first_scheduled_s = np.full(n, np.nan)
+        self.first_token_s = np.full(n, np.nan)
+        self.finish_s = np.full(n, np.nan)
+        self.generated = np.zeros(n, dtype=np.int64)
+        self.preemptions = np.zeros(n, dtype=np.int32)
+        self.replica = np.full(n, -1, dtype=np.int32)
+        self.status = np.zeros(n, dtype=np.int8)
+
+    def __len__(self) -> int:
+        return int(self.arrival_s.size)
+
+    def write_csv(self, path: Path) -> None:
+        """One row per request; empty cells where an event did not happen."""
+        cols = {"arrival_s": self.arrival_s, "first_scheduled_s": self.first_scheduled_s,
+                "first_token_s": self.first_token_s, "finish_s": self.finish_s}
+        with open(path, "w") as fh:
+            fh.write("request,arrival_s,first_scheduled_s,first_token_s,finish_s,input_tokens,output_tokens,"
+                     "generated_tokens,preemptions,replica,status\n")
+            text = {k: np.char.mod("%.6f", v) for k, v in cols.items()}
+            for k, v in cols.items():
+                text[k][np.isnan(v)] = ""
+            status = np.asarray(STATUS_NAMES)[self.status]
+            for i in range(len(self)):
+                fh.write(f"{i},{text['arrival_s'][i]},{text['first_scheduled_s'][i]},{text['first_token_s'][i]},"
+                         f"{text['finish_s'][i]},{self.input_tokens[i]},{self.output_tokens[i]},{self.generated[i]},"
+                         f"{self.preemptions[i]},{self.replica[i]},{status[i]}\n")
+
+
+def _pct(values: np.ndarray) -> dict[int, float | None]:
+    if values.size == 0:
+        return dict.fromkeys(PERCENTILES)
+    got = np.percentile(values, PERCENTILES)
+    return {q: float(v) for q, v in zip(PERCENTILES, got, strict=True)}
+
+
+def _finite(x: float | None) -> float | None:
+    return None if x is None or not math.isfinite(x) else float(x)
+
+
+def summarize(log: RequestLog, itl: LatencyHistogram, *, slo_ttft_s: float, slo_tpot_s: float,
+              duration_s: float, gpu_seconds: float, wall_seconds: float, preemptions: int,
+              kv_usage: np.ndarray | None = None, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The summary dict (keys of issues 3 and 4); every float finite or None."""
+    done = log.status == FINISHED
+    ttft = (log.first_token_s - log.arrival_s)[done]
+    e2e = (log.finish_s - log.arrival_s)[done]
+    queue = (log.first_scheduled_s - log.arrival_s)[done]
+    multi = done & (log.output_tokens > 1)
+    tpot_all = np.zeros(len(log))
+    tpot_all[multi] = (log.finish_s[multi] - log.first_token_s[multi]) / (log.output_tokens[multi] - 1)
+    tpot = tpot_all[multi]
+    good = done & (log.first_token_s - log.arrival_s <= slo_ttft_s) & (tpot_all <= slo_tpot_s)
+    out: dict[str, Any] = {
+        "requests": len(log), "completed": int(done.sum()),
+        "rejected": int((log.status == REJECTED).sum()), "aborted": int((log.status == ABORTED).sum()),
+        "unfinished": int((log.status == PENDING).sum()), "preemptions": int(preemptions),
+    }
+    for name, values in (("ttft", ttft), ("tpot", tpot), ("e2e", e2e), ("queue", queue)):
+        for q, v in _pct(values).items():
+            out[f"{name}_p{q}"] = _finite(v)
+        out[f"{name}_mean"] = _finite(float(values.mean())) if values.size else None
+    for q in PERCENTILES:
+        out[f"itl_p{q}"] = itl.percentile(q)
+    dur = max(duration_s, 1e-9)
+    out["slo_ttft_s"], out["slo_tpot_s"] = float(slo_ttft_s), float(slo_tpot_s)
+    out["slo_attainment"] = float(good.sum() / len(log)) if len(log) else None
+    out["goodput"] = float(good.sum() / dur)
+    out["goodput_tokens_per_s"] = float((log.input_tokens[good] + log.output_tokens[good]).sum() / dur)
+    out["throughput_tokens_per_s"] = float((log.input_tokens[done] + log.output_tokens[done]).sum() / dur)
+    out["output_tokens_per_s"] = float(log.output_tokens[done].sum() / dur)
+    out["throughput_requests_per_s"] = float(done.sum() / dur)
+    out["duration_s"] = float(duration_s)
+    out["gpu_hours"] = float(gpu_seconds / 3600.0)
+    if kv_usage is not None and kv_usage.size:
+        out["kv_usage_mean"], out["kv_usage_max"] = float(kv_usage[:, 1].mean()), float(kv_usage[:, 2].max())
+    else:
+        out["kv_usage_mean"] = out["kv_usage_max"] = None
+    out["wall_seconds"] = float(wall_seconds)
+    if extra:
+        out.update(extra)
+    return out
+
+
+@dataclass
+class SimulationResult:
+    """A finished run: per-request log, ITL histogram, KV usage samples (t, mean, max, replicas)."""
+
+    log: RequestLog
+    itl: LatencyHistogram
+    end_s: float
+    gpu_seconds: float
+    wall_seconds: float
+    kv_usage: np.ndarray
+    preemptions: int
+    profile: str = ""
+
+    def summary(self, slo_ttft_s: float = 2.0, slo_tpot_s: float = 0.1, **extra: Any) -> dict[str, Any]:
+        return summarize(self.log, self.itl, slo_ttft_s=slo_ttft_s, slo_tpot_s=slo_tpot_s, duration_s=self.end_s,
+                         gpu_seconds=self.gpu_seconds, wall_seconds=self.wall_seconds, preemptions=self.preemptions,
+                         kv_usage=self.kv_usage, extra={"profile": self.profile, **extra})
+
+    def write(self, out_dir: Path, summary: dict[str, Any]) -> None:
+        """``summary.json``, ``requests.csv`` and ``kv_usage.csv`` under ``out_dir`` (created)."""
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "summary.json").write_text(dumps(summary) + "\n")
+        self.log.write_csv(out_dir / "requests.csv")
+        np.savetxt(out_dir / "kv_usage.csv", self.kv_usage, delimiter=",", fmt=["%.3f", "%.6f", "%.6f", "%d"],
+                   header="t_s,kv_usage_mean,kv_usage_max,replicas", comments="")
+
+
+def dumps(summary: dict[str, Any]) -> str:
+    """JSON text of a summary; refuses NaN/inf (a bug upstream), never writes them."""
+    return json.dumps(summary, allow_nan=False, indent=2, sort_keys=False)

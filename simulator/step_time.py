@@ -1,0 +1,189 @@
+"""How long one vLLM engine step takes: a small parametric model, and its fit.
+
+One step is one forward pass over every token the scheduler picked (chunked prefill and decode mixed).
+The model, with ``N`` tokens in the step, ``S`` sequences scheduled, ``C`` the context read by the
+decoding sequences (their KV tokens) and ``A = sum(chunk * (computed + chunk / 2))`` over prefill chunks
+(causal attention work of the prefills)::
+
+    t = overhead + max(floor, intercept + per_token * N) + per_seq * S + per_context_token * C
+        + prefill_attention * A
+
+- ``max(floor, ...)``: linear layers are memory-bound (read all weights: the decode floor) until the
+  batch is large enough to be compute-bound (a slope per token). Vidur's operator profiles show this
+  knee clearly (flat to ~128 tokens, linear above ~512).
+- ``per_context_token``: decode attention reads each sequence's KV cache: memory-bound, bytes per
+  token / bandwidth.
+- ``prefill_attention``: prefill attention FLOPs grow with chunk × context: compute-bound.
+
+A pure-decode batch whose membership does not change has step times that grow by a constant
+(``per_context_token * D``) per step, so ``k`` steps sum in closed form: the engine uses that to jump
+over whole stretches of decode steps (``DecodeRun``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+from typing import Protocol
+
+import numpy as np
+
+
+class StepTimeModel(Protocol):
+    """A step-time model: one-method seam, plus the decode-run form the engine's fast path needs."""
+
+    def step_time(self, tokens: int, seqs: int, decode_context: float, prefill_attention: float) -> float:
+        """Seconds for one step (see the module docstring for the arguments)."""
+        ...
+
+    def decode_run(self, decode_seqs: int, context0: float) -> DecodeRun:
+        """Step times of a constant pure-decode batch: step ``i`` takes ``first_s + growth_s * i``."""
+        ...
+
+
+@dataclass(frozen=True)
+class DecodeRun:
+    """Step ``i`` (0-based) of a constant decode batch takes ``first_s + growth_s * i`` seconds."""
+
+    first_s: float
+    growth_s: float
+
+    def total(self, k: int) -> float:
+        """Seconds taken by the first ``k`` steps."""
+        return k * self.first_s + self.growth_s * k * (k - 1) / 2.0
+
+    def steps_within(self, elapsed_s: float) -> int:
+        """How many whole steps end at or before ``elapsed_s`` (largest k with total(k) <= elapsed)."""
+        if elapsed_s < self.first_s:
+            return 0
+        if self.growth_s <= 0.0:
+            k = int(elapsed_s // self.first_s)
+        else:
+            b = self.first_s - self.growth_s / 2.0
+            k = int((-b + math.sqrt(b * b + 2.0 * self.growth_s * elapsed_s)) / self.growth_s)
+        # correct float rounding on either side
+        while k > 0 and self.total(k) > elapsed_s:
+            k -= 1
+        while self.total(k + 1) <= elapsed_s:
+            k += 1
+        return k
+
+    def step_durations(self, k: int) -> np.ndarray:
+        """The first ``k`` step durations (used for histograms of short runs)."""
+        return self.first_s + self.growth_s * np.arange(k, dtype=np.float64)
+
+
+@dataclass(frozen=True)
+class LinearStepTime:
+    """The default step-time model (seconds; see the module docstring). All coefficients >= 0."""
+
+    overhead_s: float
+    floor_s: float
+    intercept_s: float
+    per_token_s: float
+    per_seq_s: float
+    per_context_token_s: float
+    prefill_attention_s: float
+
+    def __post_init__(self) -> None:
+        problems = [f"{f.name}={getattr(self, f.name)!r}" for f in fields(self)
+                    if not (isinstance(getattr(self, f.name), (int, float)) and math.isfinite(getattr(self, f.name))
+                            and getattr(self, f.name) >= 0)]
+        if problems:
+            raise ValueError("invalid LinearStepTime: " + ", ".join(problems) + ": each must be a finite number >= 0")
+        if self.floor_s + self.overhead_s <= 0:
+            raise ValueError("invalid LinearStepTime: floor_s + overhead_s must be > 0 (a step takes time)")
+
+    def step_time(self, tokens: int, seqs: int, decode_context: float, prefill_attention: float) -> float:
+        linear = max(self.floor_s, self.intercept_s + self.per_token_s * tokens)
+        return (self.overhead_s + linear + self.per_seq_s * seqs + self.per_context_token_s * decode_context
+                + self.prefill_attention_s * prefill_attention)
+
+    def decode_run(self, decode_seqs: int, context0: float) -> DecodeRun:
+        first = self.step_time(decode_seqs, decode_seqs, context0, 0.0)
+        return DecodeRun(first, self.per_context_token_s * decode_seqs)
+
+    def prefill_time(self, prompt_tokens: int, chunk: int) -> float:
+        """Seconds to prefill one lone prompt in chunks of ``chunk`` tokens (its TTFT on an idle replica)."""
+        total, done = 0.0, 0
+        while done < prompt_tokens:
+            n = min(chunk, prompt_tokens - done)
+            total += self.step_time(n, 1, 0.0, n * (done + n / 2.0))
+            done += n
+        return total
+
+    def to_dict(self) -> dict[str, float]:
+        return {k: float(v) for k, v in asdict(self).items()}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, object]) -> LinearStepTime:
+        """Build from a mapping, naming missing or unknown keys."""
+        names = {f.name for f in fields(cls)}
+        missing = sorted(names - set(data))
+        unknown = sorted(set(data) - names)
+        if missing or unknown:
+            raise ValueError(f"step_time: missing keys {missing}, unknown keys {unknown}; expected {sorted(names)}")
+        values: dict[str, float] = {}
+        for k in names:
+            try:
+                values[k] = float(data[k])  # type: ignore[arg-type]
+            except (TypeError, ValueError):
+                raise ValueError(f"step_time.{k}={data[k]!r}: must be a number >= 0") from None
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class StepSample:
+    """One measured step (or forward pass): the model's inputs and the seconds it took."""
+
+    tokens: int
+    seqs: int
+    decode_context: float
+    prefill_attention: float
+    seconds: float
+
+
+def fit_linear_knee(tokens: np.ndarray, seconds: np.ndarray, knee_below: int = 64,
+                    linear_from: int = 512, linear_to: int = 16384) -> tuple[float, float, float]:
+    """Fit ``max(floor, intercept + slope * tokens)`` to forward-pass timings.
+
+    ``floor`` is the median up to ``knee_below`` tokens (memory-bound regime); the line is a least-squares
+    fit on relative error between ``linear_from`` and ``linear_to`` tokens (compute-bound regime, the step
+    sizes a scheduler budget allows). Returns (floor, intercept, slope), each >= 0.
+    """
+    tokens = np.asarray(tokens, dtype=np.float64)
+    seconds = np.asarray(seconds, dtype=np.float64)
+    small, large = tokens <= knee_below, (tokens >= linear_from) & (tokens <= linear_to)
+    if small.sum() < 1 or large.sum() < 2:
+        raise ValueError(f"fit_linear_knee needs points <= {knee_below} tokens and >= 2 points in "
+                         f"[{linear_from}, {linear_to}]")
+    floor = float(np.median(seconds[small]))
+    slope, intercept = np.polyfit(tokens[large], seconds[large], 1, w=1.0 / seconds[large])
+    return floor, max(0.0, float(intercept)), max(0.0, float(slope))
+
+
+def fit_step_samples(samples: list[StepSample], base: LinearStepTime) -> LinearStepTime:
+    """Least-squares fit of every coefficient to end-to-end step samples, starting from ``base``.
+
+    Non-negative (bounded) robust fit (soft-L1 on relative error), so a few noisy points do not drag the
+    model. Used for the 70B profiles (Splitwise end-to-end timings) and by calibration.
+    """
+    from scipy.optimize import least_squares
+
+    if len(samples) < 4:
+        raise ValueError(f"fit_step_samples needs at least 4 samples, got {len(samples)}")
+    x = np.array([[s.tokens, s.seqs, s.decode_context, s.prefill_attention] for s in samples], dtype=np.float64)
+    y = np.array([s.seconds for s in samples], dtype=np.float64)
+    names = [f.name for f in fields(LinearStepTime)]
+
+    def model(p: np.ndarray) -> np.ndarray:
+        d = dict(zip(names, p, strict=True))
+        lin = np.maximum(d["floor_s"], d["intercept_s"] + d["per_token_s"] * x[:, 0])
+        return (d["overhead_s"] + lin + d["per_seq_s"] * x[:, 1] + d["per_context_token_s"] * x[:, 2]
+                + d["prefill_attention_s"] * x[:, 3])
+
+    p0 = np.array([getattr(base, n) for n in names], dtype=np.float64)
+    scale = np.where(p0 > 0, p0, 1e-9)
+    res = least_squares(lambda q: (model(q * scale) - y) / y, p0 / scale, bounds=(0.0, np.inf), loss="soft_l1",
+                        f_scale=0.05)
+    return LinearStepTime(**{n: float(v) for n, v in zip(names, res.x * scale, strict=True)})

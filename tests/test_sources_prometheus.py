@@ -1,0 +1,231 @@
+"""PrometheusSource: PromQL building (pure) and every signal against a real Prometheus scraping exporters."""
+
+from __future__ import annotations
+
+import ast
+import math
+import re
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from support.prometheus import PrometheusServer
+from support.vllm_exporter import VllmExporter
+
+from scaler.signals import Signals
+from scaler.sources import SignalSource, SourceError, Target
+from scaler.sources.prometheus import PrometheusSource, group_queries, promql_duration, promql_string, regex_any_of
+
+WEIRD = 'meta-llama/we"ird\\model.v1 (a|b)+[x]{2}^$'
+WINDOW_S = 3.0
+TEXT = st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"))
+
+# --- pure: PromQL text --------------------------------------------------------------------------------------------
+
+
+@given(TEXT)
+def test_promql_string_round_trips(value: str) -> None:
+    assert ast.literal_eval(promql_string(value)) == value  # PromQL strings use Go's escapes, as Python does here
+
+
+@given(st.lists(TEXT.filter(bool), min_size=1, max_size=4), TEXT)
+def test_regex_any_of_matches_exactly_the_listed_values(values: list[str], other: str) -> None:
+    pattern = ast.literal_eval(regex_any_of(values))
+    assert all(re.fullmatch(pattern, v, flags=re.DOTALL) for v in values)
+    assert bool(re.fullmatch(pattern, other, flags=re.DOTALL)) == (other in values)
+
+
+@pytest.mark.parametrize(("seconds", "text"), [(60, "60s"), (1.5, "1500ms"), (0.0001, "1ms"), (300.0, "300s")])
+def test_promql_duration(seconds: float, text: str) -> None:
+    assert promql_duration(seconds) == text
+
+
+def test_group_queries_one_per_signal_grouped_by_model_and_labels() -> None:
+    queries = group_queries(["a", "b"], {"namespace": ["llm", "x"]}, 60)
+    assert set(queries) >= {"prompt_tokens_per_s", "generation_tokens_per_s", "requests_waiting", "ready_replicas"}
+    assert queries["prompt_tokens_per_s"] == ('sum by (model_name, namespace) (rate(vllm:prompt_tokens_total'
+                                              '{model_name=~"a|b",namespace=~"llm|x"}[60s]))')
+    assert "/" in queries["mean_prompt_tokens"] and "vllm:request_prompt_tokens_count" in queries["mean_prompt_tokens"]
+
+
+@pytest.mark.parametrize(("kwargs", "field"), [
+    ({"model": ""}, "Target.model"),
+    ({"model": "m", "rate_window_s": 0}, "Target.rate_window_s"),
+    ({"model": "m", "rate_window_s": math.inf}, "Target.rate_window_s"),
+    ({"model": "m", "label_matchers": (("bad-name", "x"),)}, "bad-name"),
+    ({"model": "m", "label_matchers": (("model_name", "x"),)}, "model_name"),
+    ({"model": "m", "label_matchers": (("ns", "a"), ("ns", "b"))}, "at most once"),
+], ids=["empty-model", "zero-window", "inf-window", "bad-label", "reserved-label", "dup-label"])
+def test_target_rejects_bad_fields_naming_them(kwargs: dict[str, Any], field: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(field)):
+        Target(**kwargs)
+
+
+@pytest.mark.parametrize(("url", "timeout"), [("prom:9090", 2), ("http://p", 0), ("http://p", math.nan)])
+def test_source_rejects_bad_settings(url: str, timeout: float) -> None:
+    with pytest.raises(ValueError, match="PrometheusSource"):
+        PrometheusSource(url, timeout)
+
+
+def test_unreachable_prometheus_is_a_source_error_for_every_target_quickly() -> None:
+    source = PrometheusSource("http://127.0.0.1:9", timeout_s=1)
+    assert isinstance(source, SignalSource)
+    targets = [Target("a"), Target("b", label_matchers=(("namespace", "x"),))]
+    started = time.monotonic()
+    result = source.fetch(targets, now=0.0)
+    assert time.monotonic() - started < 3
+    assert set(result) == set(targets)
+    assert all(isinstance(v, SourceError) and "127.0.0.1:9" in str(v) for v in result.values())
+
+
+# --- a real Prometheus -------------------------------------------------------------------------------------------
+
+class CountingSource(PrometheusSource):
+    """Counts queries, to check batching."""
+
+    calls = 0
+
+    def query(self, address: str, promql: str) -> list[Any]:
+        self.calls += 1
+        return super().query(address, promql)
+
+
+@pytest.fixture(scope="module")
+def fleet() -> Iterator[dict[str, Any]]:
+    """Four "pods" of two models in two namespaces, scraped every 0.5 s by a real Prometheus."""
+    pods = {"weird": VllmExporter(model=WEIRD), "x1": VllmExporter(model="m", engines=2),
+            "x2": VllmExporter(model="m"), "y": VllmExporter(model="m"), "reset": VllmExporter(model="r"),
+            "stale": VllmExporter(model="s")}
+    for pod in pods.values():
+        pod.start()
+    pods["weird"].set_load(1000, 100, prompt_len=100, output_len=10)
+    pods["x1"].set_load(2000, 400, prompt_len=200, output_len=40)
+    pods["x2"].set_load(1000, 100, prompt_len=100, output_len=10)
+    pods["y"].set_load(500, 50, prompt_len=50, output_len=5)
+    pods["reset"].set_load(1000, 100)
+    pods["x1"].set_queue(waiting=4, running=6, kv_usage=0.5)
+    pods["x2"].set_queue(waiting=2, running=1, kv_usage=0.1)
+    targets = [(p.address, {"namespace": "y" if name == "y" else "x"}) for name, p in pods.items()]
+    prom = PrometheusServer(targets, scrape_interval_s=0.5)
+    try:
+        prom.start()
+        prom.wait_until_up(len(pods))
+        time.sleep(WINDOW_S + 0.5)  # one full rate window of samples
+        yield {"prom": prom, **pods}
+    finally:
+        prom.stop()
+        for pod in pods.values():
+            pod.stop()
+
+
+
+def _ns(model: str, ns: str, **kw: Any) -> Target:
+    return Target(model, label_matchers=(("namespace", ns),), rate_window_s=WINDOW_S, **kw)
+
+
+@pytest.mark.prometheus
+@pytest.mark.slow
+def test_signals_follow_the_exporters_in_one_batch(fleet: dict[str, Any]) -> None:
+    source = CountingSource(fleet["prom"].url)
+    x, y = _ns("m", "x"), _ns("m", "y")
+    result = source.fetch([x, y, _ns(WEIRD, "x")], now=123.0)
+    assert source.calls == len(group_queries(["m"], {}, 1))  # one query per signal for all three targets
+    sx, sy, sw = result[x], result[y], result[_ns(WEIRD, "x")]
+    assert isinstance(sx, Signals) and isinstance(sy, Signals) and isinstance(sw, Signals), result
+    assert sx.at == 123.0
+    assert sx.prompt_tokens_per_s == pytest.approx(3000, rel=0.3)
+    assert sx.generation_tokens_per_s == pytest.approx(500, rel=0.3)
+    assert sy.prompt_tokens_per_s == pytest.approx(500, rel=0.3)
+    assert sw.prompt_tokens_per_s == pytest.approx(1000, rel=0.3)  # quotes, backslash, regex characters escaped
+    assert (sx.requests_waiting, sx.requests_running) == (6, 7)
+    assert sx.ready_replicas == 2  # x1 has two engines but is one pod
+    assert sx.kv_cache_usage == pytest.approx(0.3)  # mean over replicas, not over engine series
+    assert sx.mean_prompt_tokens is not None and 100 < sx.mean_prompt_tokens < 200
+    assert sy.mean_prompt_tokens == pytest.approx(50) and sy.mean_output_tokens == pytest.approx(5)
+    assert sx.waiting_tokens is None  # vLLM exports none; the policy estimates it
+    assert 0 <= sx.data_age_s < 3.0
+
+
+@pytest.mark.prometheus
+@pytest.mark.slow
+def test_missing_model_is_no_data_never_zeros(fleet: dict[str, Any]) -> None:
+    result = PrometheusSource(fleet["prom"].url).fetch([_ns("absent", "x"), _ns("m", "nowhere")], now=0)
+    for error in result.values():
+        assert isinstance(error, SourceError) and str(error).startswith("no data")
+
+
+@pytest.mark.prometheus
+@pytest.mark.slow
+def test_activation_query_reports_demand_at_zero_replicas(fleet: dict[str, Any]) -> None:
+    source = PrometheusSource(fleet["prom"].url)
+    cold, bad, ok = (_ns("absent", "x", activation_query="vector(2) + vector(1)"),
+                     _ns("m", "x", activation_query="sum("), _ns("m", "x", activation_query="scalar(vector(4))"))
+    result = source.fetch([cold, bad, ok], now=0)
+    assert isinstance(result[cold], Signals)
+    assert (result[cold].ready_replicas, result[cold].activation_value, result[cold].prompt_tokens_per_s) == (0, 3, 0)
+    assert isinstance(result[bad], SourceError) and "sum(" in str(result[bad])  # only that target fails
+    assert isinstance(result[ok], Signals) and result[ok].activation_value == 4
+
+
+@pytest.mark.prometheus
+@pytest.mark.slow
+def test_counter_reset_is_absorbed_by_rate(fleet: dict[str, Any]) -> None:
+    fleet["reset"].restart()  # a pod restart: counters drop to zero and grow again
+    time.sleep(1.6)
+    pod = _ns("r", "x")
+    signals = PrometheusSource(fleet["prom"].url).fetch([pod], now=0)[pod]
+    assert isinstance(signals, Signals)
+    assert signals.prompt_tokens_per_s == pytest.approx(1000, rel=0.4)
+    raw = fleet["prom"].query(f'sum(delta(vllm:prompt_tokens_total{{model_name="r"}}[{promql_duration(WINDOW_S)}]))')
+    assert float(raw[0]["value"][1]) < 0  # what a naive difference would have seen
+
+
+@pytest.mark.prometheus
+@pytest.mark.slow
+def test_pod_that_stops_answering_goes_stale_and_means_no_data(fleet: dict[str, Any]) -> None:
+    source, pod = PrometheusSource(fleet["prom"].url), _ns("s", "x")
+    assert isinstance(source.fetch([pod], now=0)[pod], Signals)
+    fleet["stale"].set_serving(False)  # scrapes fail: Prometheus writes stale markers
+    time.sleep(1.6)
+    result = source.fetch([pod], now=0)[pod]
+    assert isinstance(result, SourceError) and "no data" in str(result)
+
+
+# --- whatever Prometheus answers, fetch never raises ----------------------------------------------------------------
+
+NUMBER_TEXT = st.one_of(st.floats(allow_nan=True, allow_infinity=True).map(repr), st.sampled_from(["NaN", "+Inf", "x"]))
+ROW = st.one_of(
+    st.fixed_dictionaries({
+        "metric": st.dictionaries(st.sampled_from(["model_name", "namespace", "instance"]),
+                                  st.sampled_from(["m", "llm", "", "other"]), max_size=3),
+        "value": st.one_of(st.tuples(st.floats(-1e308, 1e308), NUMBER_TEXT).map(list), st.just([]), st.text(max_size=3),
+                           st.none()),
+    }),
+    st.integers(), st.text(max_size=5), st.none(), st.lists(st.integers(), max_size=2),
+)
+
+
+class ScriptedSource(PrometheusSource):
+    """Answers every query from a hypothesis-drawn script instead of HTTP."""
+
+    def __init__(self, answers: list[list[Any]]) -> None:
+        super().__init__("http://127.0.0.1:9")
+        self.answers = answers
+
+    def query(self, address: str, promql: str) -> list[Any]:
+        return self.answers.pop(0) if self.answers else []
+
+
+@settings(max_examples=200)
+@given(st.lists(st.lists(ROW, max_size=4), min_size=10, max_size=12))
+def test_garbage_answers_give_signals_or_source_errors_never_exceptions(answers: list[list[Any]]) -> None:
+    targets = [_ns("m", "llm", activation_query="q"), Target("m", rate_window_s=WINDOW_S)]
+    result = ScriptedSource(answers).fetch(targets, now=0.0)
+    assert set(result) == set(targets)
+    for value in result.values():
+        assert isinstance(value, (Signals, SourceError))
+        if isinstance(value, Signals):
+            assert all(math.isfinite(v) for v in (value.prompt_tokens_per_s, value.requests_waiting, value.data_age_s))
