@@ -263,7 +263,8 @@ def main(argv: list[str] | None = None) -> int:
             rate *= 2
         ratio = best["GetMetrics"] / best["health Check"] if best["health Check"] else float("nan")
         print(f"highest sustained: GetMetrics {best['GetMetrics']:.0f}/s, health Check {best['health Check']:.0f}/s "
-              f"(ratio {ratio:.2f}); {os.cpu_count()} cores shared by client, server and anything else running")
+              f"(ratio {ratio:.2f}); {os.cpu_count()} cores shared by client, server and anything else running "
+              f"(load average {os.getloadavg()[0]:.1f} at the end)")
         for c in channels:
             c.close()
         return 0

@@ -18,6 +18,7 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
     "simulator.replay_cli",
     "simulator.cli",
     "simulator.compare_cli",
+    "simulator.advisor_cli",
 )
 
 

@@ -15,12 +15,8 @@ namespace/name plus its metadata (a changed trigger is a new object; the old one
   KEDA's own fallback applies. Nothing here ever invents a 0.
 - Idle objects (not asked about for ``idle_timeout_s``; an open StreamIsActive counts as asking) are
   dropped with their metrics.
-- Kubernetes hook: ``kube.observe(namespace, name)`` may return a view with optional attributes
-  ``ready_replicas``, ``starting_replicas``, ``lead_time_s`` (the measured p90 cold start; used
-  only with ``leadTime: auto``), ``min_replicas`` and ``max_replicas`` (the ScaledObject's, used
-  when metadata leaves them unset), or ``None`` when it knows nothing. Its failures are logged and
-  the source's view is used unchanged. When a decision wants fewer replicas than are ready, an
-  optional ``kube.before_scale_down(namespace, name, model)`` is called (drain-aware scale-down).
+- The optional Kubernetes observer (``kube``) refines each snapshot, bounds, drains and discovers
+  pods to scrape: see ``scaler.evaluator_kube``.
 """
 
 from __future__ import annotations
@@ -31,7 +27,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from scaler import evaluator_kube
@@ -43,7 +39,7 @@ from scaler.telemetry import Telemetry
 
 LOG = logging.getLogger("leadscale.evaluator")
 SourceKey = tuple[str, str | tuple[str, ...]]
-"""("prometheus", url) or ("scrape", (url, ...)): objects with equal keys share one source and one fetch."""
+"""("prometheus", url), ("scrape", urls) or ("kube", (namespace, name)): equal keys share a source and its fetch."""
 ObjectKey = tuple[str, str, frozenset[tuple[str, str]]]
 FIRST_CALL_GATHER_S = 0.02
 """New objects arriving within this many seconds share their first fetch (KEDA polls all objects at once)."""
@@ -166,7 +162,8 @@ class Evaluator:
             if entry is not None:
                 entry.last_asked = now
                 return entry
-            entry = _Entry(namespace, name, config, config.target(namespace), self._source_key(config), now)
+            entry = _Entry(namespace, name, config, config.target(namespace), self._source_key(config, namespace, name),
+                           now)
             self._entries[key] = entry
             self.telemetry.objects.set(len(self._entries))
             self._pending.append(entry)
@@ -190,14 +187,8 @@ class Evaluator:
             for entry in batch:
                 entry.evaluated.set()
 
-    def touch(self, namespace: str, name: str, metadata: Mapping[str, str]) -> None:
-        """Mark an object as still wanted (an open StreamIsActive)."""
-        with self._lock:
-            entry = self._entries.get((namespace, name, frozenset(metadata.items())))
-            if entry is not None:
-                entry.last_asked = self.clock()
-
-    def _source_key(self, config: ScalerConfig) -> SourceKey:
+    def _source_key(self, config: ScalerConfig, namespace: str = "", name: str = "") -> SourceKey:
+        """Metadata first, then the server's defaults, then pods discovered through Kubernetes."""
         if config.scrape_targets:
             return ("scrape", config.scrape_targets)
         if config.prometheus_address:
@@ -206,8 +197,21 @@ class Evaluator:
             return ("scrape", self.scrape_targets)
         if self.prometheus_url:
             return ("prometheus", self.prometheus_url)
-        raise MetadataError([Problem("prometheusAddress", None, "a Prometheus URL or scrapeTargets (this scaler "
-                                                                "runs without --prometheus-url and --scrape-targets)")])
+        if self.kube is not None:
+            return ("kube", (namespace, name))
+        raise MetadataError([Problem("prometheusAddress", None, "a Prometheus URL or scrapeTargets (this scaler runs "
+                                                                "without --prometheus-url, --scrape-targets and "
+                                                                "--kubernetes)")])
+
+    def _source(self, key: SourceKey) -> SignalSource:
+        with self._lock:
+            source = self._sources.get(key)
+            if source is None:
+                kind, where = key
+                source = (evaluator_kube.DiscoveredScrape(self.kube, *where) if kind == "kube" and self.kube
+                          else self.source_factory(key))
+                self._sources[key] = source
+            return source
 
     # --- the loop side --------------------------------------------------------------------------
     def start(self) -> None:
@@ -240,6 +244,9 @@ class Evaluator:
             idle = [k for k, e in self._entries.items() if now - e.last_asked > self.idle_timeout_s]
             dropped = [self._entries.pop(k) for k in idle]
             entries = [e for e in self._entries.values() if e.evaluated.is_set()]
+            used = {e.source_key for e in self._entries.values()}
+            for key in [k for k in self._sources if k not in used]:  # a gone object's scrape history, say
+                del self._sources[key]
             self.telemetry.objects.set(len(self._entries))
         for entry in dropped:
             LOG.info("dropping idle scaled object %s/%s", entry.namespace, entry.name)
@@ -257,8 +264,7 @@ class Evaluator:
     def _evaluate_group(self, key: SourceKey, members: list[_Entry]) -> None:
         now = self.clock()
         try:
-            with self._lock:
-                source = self._sources.get(key) or self._sources.setdefault(key, self.source_factory(key))
+            source = self._source(key)
             results: dict[Target, Signals | SourceError] = source.fetch([e.target for e in members], now)
         except Exception as exc:  # a source must not raise, but a broken one must not stop the others
             LOG.warning("source %s failed: %s: %s", key, type(exc).__name__, exc)
@@ -282,7 +288,8 @@ class Evaluator:
         merged = evaluator_kube.Merged(result)
         if self.kube is not None:
             try:
-                merged = evaluator_kube.merge(self.kube, entry.namespace, entry.name, result, entry.config.lead_time_auto)
+                merged = evaluator_kube.merge(self.kube, entry.namespace, entry.name, result,
+                                              entry.config.lead_time_auto)
             except Exception as exc:
                 self._kube_failed(entry, "observe", exc)
         signals, bounds = merged.signals, (merged.min_replicas, merged.max_replicas)

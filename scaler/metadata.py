@@ -6,8 +6,8 @@ values), one parse gathers *all* problems and raises a single ``MetadataError`` 
 and what is allowed (the service answers ``INVALID_ARGUMENT``). Unknown keys are errors: a typo
 must not silently become a default that sizes a GPU fleet. Parsing is cached per distinct map.
 
-Policy tunables beyond the core keys (e.g. a backlog drain time) are exposed automatically as
-camelCase keys derived from ``scaler.policy.PolicyConfig``'s field names (``_s`` → ``Seconds``).
+A few policy tunables beyond the core keys (e.g. a backlog drain time) are declared in
+``POLICY_TUNABLES`` and passed to ``scaler.policy.PolicyConfig``, whose own validation also speaks.
 """
 
 from __future__ import annotations
@@ -15,15 +15,14 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
-import math
 import re
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
 from scaler.capacity import ReplicaCapacity
+from scaler.metadata_values import LABEL_NAME, Problem, Reader
 
 EXPLICIT_CAPACITY_KEYS = ("prefillTokensPerSecond", "decodeTokensPerSecond", "maxNumSeqs", "kvCacheTokens")
 CORE_KEYS = (
@@ -35,10 +34,6 @@ CORE_KEYS = (
 KEDA_KEYS = ("scalerAddress", "enableTLS", "unsafeSsl", "caCert", "tlsCertFile", "tlsClientCert", "tlsClientKey")
 FROM_ENV = "FromEnv"
 _CACHE_SIZE = 1024
-LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
-DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
-_KINDS = {"number": "a number", "integer": "an integer", "duration": "seconds (a plain number, or with unit ms/s/m/h)"}
-_DURATION = re.compile(r"([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*(ms|s|m|h)?")
 # PolicyConfig field -> the metadata key that sets it (to translate the policy's own errors)
 CORE_POLICY_FIELDS = {
     "ttft_slo_s": "ttftSeconds", "target_utilization": "targetUtilization", "lead_time_s": "leadTime",
@@ -47,118 +42,21 @@ CORE_POLICY_FIELDS = {
 }
 
 
-@dataclass(frozen=True)
-class Problem:
-    """One bad key: its name, the value given (None: missing) and what is allowed."""
-
-    key: str
-    value: str | None
-    allowed: str
-
-    def __str__(self) -> str:
-        given = "missing" if self.value is None else f"got {self.value!r}"
-        return f"{self.key}: {given}; allowed: {self.allowed}"
+# policy tunables a trigger may set: metadata key -> (PolicyConfig field, type); declared here, not derived,
+# so every key is documented and a new policy field becomes a key only when someone adds (and documents) it
+POLICY_TUNABLES: dict[str, tuple[str, type]] = {
+    "backlogDrainSeconds": ("backlog_drain_s", float), "trendWindowSeconds": ("trend_window_s", float),
+    "trendConfidence": ("trend_confidence", float), "capacityMemorySeconds": ("capacity_memory_s", float),
+}
 
 
-def _camel(field_name: str) -> str:
-    words = field_name.split("_")
-    if len(words) > 1 and words[-1] == "s":
-        words[-1] = "seconds"
-    return words[0] + "".join(w.capitalize() for w in words[1:])
-
-
+@functools.cache
 def policy_tunables() -> dict[str, tuple[str, type]]:
-    """Metadata key -> (PolicyConfig field, int|float) for every numeric policy field beyond the core keys."""
+    """The declared tunables that the installed ``PolicyConfig`` really has."""
     from scaler.policy import PolicyConfig
 
-    specs: dict[str, tuple[str, type]] = {}
-    for f in dataclasses.fields(PolicyConfig):
-        kind = {"float": float, "int": int}.get(f.type if isinstance(f.type, str) else getattr(f.type, "__name__", ""))
-        if f.name not in CORE_POLICY_FIELDS and kind is not None:
-            specs[_camel(f.name)] = (f.name, kind)
-    return specs
-
-
-class Reader:
-    """Typed reads of one metadata map (strings only) that record problems instead of raising."""
-
-    def __init__(self, raw: Mapping[str, str]) -> None:
-        self.raw = raw
-        self.problems: list[Problem] = []
-
-    def problem(self, key: str, value: str | None, allowed: str) -> None:
-        self.problems.append(Problem(key, value, allowed))
-
-    def text(self, key: str, required: bool = False) -> str | None:
-        """The stripped value; empty counts as unset (blank but non-empty, or missing when required: a problem)."""
-        value = self.raw.get(key)
-        if value is None or not value.strip():
-            if required or value:
-                self.problem(key, value, "a non-empty string")
-            return None
-        return value.strip()
-
-    def number(self, key: str, default: Any, low: float | None = None, high: float | None = None,
-               low_open: bool = False, required: bool = False, kind: str = "number", extra: str = "") -> Any:
-        """A finite number of ``kind`` (number, integer, duration) in range, else ``default`` and a problem."""
-        text = self.text(key, required=required)
-        if text is None:
-            return default
-        value = _convert(text, kind)
-        if value is None or not _in_range(value, low, low_open, high):
-            self.problem(key, text, f"{_range_text(_KINDS[kind], low, low_open, high)} {extra}".strip())
-            return default
-        return value
-
-    def url(self, key: str) -> str | None:
-        text = self.text(key)
-        if text is not None and not _is_url(text):
-            self.problem(key, text, "an http:// or https:// URL with a host and no query")
-            return None
-        return text.rstrip("/") if text and urlsplit(text).path in ("", "/") else text
-
-    def url_list(self, key: str) -> tuple[str, ...]:
-        text = self.text(key)
-        items = tuple(item.strip() for item in (text or "").split(",") if item.strip())
-        if not all(_is_url(item) for item in items):
-            self.problem(key, text, "comma-separated http(s):// URLs of pods' /metrics")
-            return ()
-        return items
-
-
-def _is_url(text: str) -> bool:
-    try:
-        parts = urlsplit(text)
-    except ValueError:  # e.g. an unclosed IPv6 bracket
-        return False
-    return parts.scheme in ("http", "https") and bool(parts.hostname) and not parts.query and not parts.fragment
-
-
-def _convert(text: str, kind: str) -> float | int | None:
-    if kind == "integer":
-        return int(text) if re.fullmatch(r"[+-]?[0-9]{1,12}", text) else None
-    if kind == "duration":
-        match = _DURATION.fullmatch(text)
-        return float(match.group(1)) * DURATION_UNITS[match.group(2) or "s"] if match else None
-    try:
-        return float(text)
-    except ValueError:
-        return None
-
-
-def _in_range(value: float, low: float | None, low_open: bool, high: float | None) -> bool:
-    if not math.isfinite(value):
-        return False
-    if low is not None and (value <= low if low_open else value < low):
-        return False
-    return high is None or value <= high
-
-
-def _range_text(kind: str, low: float | None, low_open: bool, high: float | None) -> str:
-    parts = [] if low is None else [f"{'>' if low_open else '>='} {low:g}"]
-    if high is not None:
-        parts.append(f"<= {high:g}")
-    return kind + (" " + " and ".join(parts) if parts else "")
+    fields = {f.name for f in dataclasses.fields(PolicyConfig)}
+    return {key: spec for key, spec in POLICY_TUNABLES.items() if spec[0] in fields}
 
 
 class MetadataError(ValueError):

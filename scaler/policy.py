@@ -20,23 +20,16 @@ The maths and every term are explained in docs/policy.md.
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from scaler import forecast, window
+from scaler import efficiency, forecast, window
 from scaler.capacity import ReplicaCapacity
 from scaler.signals import Signals
 
 BIG = 1e12
 """Ceiling for every derived quantity: absurd but finite inputs give absurd but finite terms."""
-
-MIN_SERVED_FOR_KV = 0.25
-"""Replica units of served work below which the KV/token ratio is not observed (too noisy)."""
-
-MAX_KV_FACTOR = 50.0
-"""Cap on the KV binding factor: a ratio beyond this is a broken measurement."""
 
 MAX_LEAD_TIME_S = 86_400.0
 """A measured lead time above a day is a broken measurement; it is clipped, not trusted."""
@@ -69,6 +62,8 @@ class PolicyConfig:
     """Two-sided confidence of the Theil–Sen interval whose lower bound is extrapolated."""
     rate_window_s: float = 60.0
     """Window of the token-rate signals; backlog growth is measured over the same window."""
+    capacity_memory_s: float = 1800.0
+    """Seconds a replica's throughput observed under saturation is remembered."""
 
     def __post_init__(self) -> None:
         problems: list[str] = []
@@ -91,6 +86,7 @@ class PolicyConfig:
         number("trend_window_s", 0.0, math.inf, True, "a finite number > 0")
         number("trend_confidence", 0.0, 1.0, True, "a number with 0 < c < 1")
         number("rate_window_s", 0.0, math.inf, True, "a finite number > 0")
+        number("capacity_memory_s", 0.0, math.inf, False, "a finite number >= 0")
         if self.trend_confidence == 1.0:
             problems.append("trend_confidence=1.0: must be a number with 0 < c < 1")
         for name in ("min_replicas", "max_replicas"):
@@ -114,8 +110,8 @@ class PolicyState:
     """(t, demand in replica units) over ``trend_window_s``: the trend's input."""
     waiting: window.Samples = ()
     """(t, waiting tokens) over the rate window: backlog growth."""
-    kv_factor: window.Samples = ()
-    """(t, KV share / token share of the fleet) over the rate window: how much the KV cache binds."""
+    capacity: efficiency.CapacityMemory = field(default_factory=efficiency.CapacityMemory)
+    """What one replica really delivers on this workload (``scaler.efficiency``)."""
     recommendations: window.Samples = ()
     """(t, recommended replicas) over ``scale_down_delay_s``: the scale-down stabilization window."""
     starting_since: tuple[float, ...] = ()
@@ -170,32 +166,6 @@ def _work_per_waiting_token(signals: Signals, cap: ReplicaCapacity) -> float:
     return _clip(work)
 
 
-def _kv_binding(signals: Signals, state: PolicyState, served: float, now: float,
-                keep_s: float) -> tuple[float, float, window.Samples]:
-    """KV cache in use (replica units), the KV binding factor, and the factor's updated window.
-
-    Token capacity assumes the KV cache holds enough sequences; long contexts or slow decode fill it
-    first, and then a replica serves fewer tokens than its capacity says. The fleet's KV share
-    (``kv_cache_usage × ready``) over its token share (``served``) measures that: above 1, every
-    replica unit of token work needs that many replicas of KV. The factor is the median of the
-    *previous* rate window's observations (robust to scrape steps; taken from history so that more
-    load now can never lower it), at least 1, and observed only while at least a quarter replica of
-    work is served (below that the ratio is noise).
-    """
-    usage = signals.kv_cache_usage
-    kv_replicas = _clip(min(max(usage, 0.0), 1.0) * signals.ready_replicas) if usage is not None else 0.0
-    past = tuple(sample for sample in window.since(state.kv_factor, now - keep_s) if sample[0] < now)
-    factor = 1.0
-    if past:
-        factor = min(max(float(statistics.median(v for _, v in past)), 1.0), MAX_KV_FACTOR)
-    samples = state.kv_factor
-    if usage is not None and served >= MIN_SERVED_FOR_KV:
-        samples = window.push(samples, now, min(kv_replicas / served, MAX_KV_FACTOR), keep_s)
-    else:
-        samples = window.since(samples, now - keep_s)
-    return kv_replicas, factor, samples
-
-
 def _track_starting(previous: tuple[float, ...], starting: int, now: float) -> tuple[float, ...]:
     """FIFO of first-seen times: replicas that became ready are assumed to be the oldest ones."""
     kept = previous[len(previous) - starting:] if len(previous) > starting else previous
@@ -223,26 +193,32 @@ def decide(signals: Signals, state: PolicyState, config: PolicyConfig, now: floa
         past_t, past = state.waiting[0]  # young history: the oldest sample if it spans half the window
     if past is not None:
         growth_tps = (waiting_tokens - past) / (now - past_t)
-    kv_replicas, kv_factor, kv_samples = _kv_binding(signals, state, served, now, config.rate_window_s)
-    level = _clip(kv_factor * (served + max(-BIG, min(growth_tps, BIG)) * work_per_token))
+    nominal = _clip(served + max(-BIG, min(growth_tps, BIG)) * work_per_token)
+    nominal_backlog = _clip(waiting_tokens * work_per_token)
 
-    # 2. forecast over the lead time from the confident part of the trend
-    demand_samples = window.push(state.demand, now, level, config.trend_window_s)
+    # 2. what a replica really delivers on this workload (learned from past snapshots only)
+    seen, capacity_memory = efficiency.assess(state.capacity, signals, served, nominal_backlog, now,
+                                              config.rate_window_s, config.capacity_memory_s, config.ttft_slo_s)
+    level = _clip(seen.factor * nominal)
+
+    # 3. forecast over the lead time from the confident part of the trend (of nominal demand)
+    demand_samples = window.push(state.demand, now, nominal, config.trend_window_s)
     trend = forecast.robust_trend(demand_samples, config.trend_confidence, config.trend_window_s / 2)
-    predicted = _clip(level + trend.used * lead_s)
+    slope = _clip(seen.factor * trend.used)
+    predicted = _clip(level + slope * lead_s)
 
-    # 3. backlog when new replicas could arrive, counting those already starting as they come
+    # 4. backlog when new replicas could arrive, counting those already starting as they come
     starting_since = _track_starting(state.starting_since, signals.starting_replicas, now)
     arrivals = tuple(max(0.0, lead_s - (now - t)) for t in starting_since)
-    backlog = _clip(kv_factor * waiting_tokens * work_per_token)
-    projected = _clip(forecast.project_backlog(backlog, level, trend.used, signals.ready_replicas, arrivals, lead_s))
+    backlog = _clip(seen.factor * nominal_backlog)
+    projected = _clip(forecast.project_backlog(backlog, level, slope, signals.ready_replicas, arrivals, lead_s))
 
-    # 4. replicas needed at the horizon
-    for_utilization = max(predicted, kv_replicas) / config.target_utilization
+    # 5. replicas needed at the horizon
+    for_utilization = max(predicted, seen.kv_replicas) / config.target_utilization
     for_backlog = predicted + projected / config.backlog_drain_s
     needed = min(max(for_utilization, for_backlog), float(config.max_replicas))
 
-    # 5. activity, bounds and the scale-down stabilization window
+    # 6. activity, bounds and the scale-down stabilization window
     active = (signals.requests_waiting > 0 or signals.requests_running > 0
               or (signals.activation_value is not None and signals.activation_value > config.activation_threshold))
     recommended = min(max(math.ceil(needed - 1e-9), config.min_replicas), config.max_replicas)
@@ -262,11 +238,15 @@ def decide(signals: Signals, state: PolicyState, config: PolicyConfig, now: floa
         "waiting_tokens_estimated": estimated,
         "served_replicas": served,
         "backlog_growth_tokens_per_s": max(-BIG, min(growth_tps, BIG)),
-        "kv_replicas": kv_replicas,
-        "kv_factor": kv_factor,
+        "nominal_demand_replicas": nominal,
+        "kv_replicas": seen.kv_replicas,
+        "kv_factor": seen.kv_factor,
+        "efficiency": seen.efficiency,
+        "capacity_factor": seen.factor,
+        "saturated": 1.0 if seen.saturated else 0.0,
         "demand_replicas": level,
         "trend_replicas_per_s": max(-BIG, min(trend.slope, BIG)),
-        "trend_used_replicas_per_s": trend.used,
+        "trend_used_replicas_per_s": slope,
         "forecast_replicas": predicted,
         "backlog_replica_s": backlog,
         "projected_backlog_replica_s": projected,
@@ -282,7 +262,7 @@ def decide(signals: Signals, state: PolicyState, config: PolicyConfig, now: floa
     new_state = PolicyState(
         demand=demand_samples,
         waiting=window.push(state.waiting, now, waiting_tokens, config.rate_window_s * 1.5),
-        kv_factor=kv_samples,
+        capacity=capacity_memory,
         recommendations=recommendations,
         starting_since=starting_since,
         first_seen=first_seen,

@@ -77,6 +77,23 @@ def default_backend(workload: Any, profile: Any, seed: int, slo_ttft_s: float, *
     return EngineBackend(workload, profile, seed=seed, slo_ttft_s=slo_ttft_s, **options)
 
 
+def profile_keys(profile: Any, slo_ttft_s: float) -> str | dict[str, str]:
+    """How leadscale's trigger names this profile: by name when the live scaler resolves that name to the
+    same capacity, else by the explicit capacity keys (e.g. a calibrated YAML profile)."""
+    capacity = profile.capacity(slo_ttft_s)
+    name = getattr(profile, "name", None)
+    try:
+        from simulator.profiles import get_profile
+
+        if isinstance(name, str) and get_profile(name).capacity(slo_ttft_s) == capacity:
+            return name
+    except (ImportError, KeyError, ValueError):
+        pass
+    return {"prefillTokensPerSecond": repr(float(capacity.prefill_tokens_per_s)),
+            "decodeTokensPerSecond": repr(float(capacity.decode_tokens_per_s)),
+            "maxNumSeqs": str(capacity.max_num_seqs), "kvCacheTokens": str(capacity.kv_cache_tokens)}
+
+
 def demand_replicas(workload: Any, capacity: Any, duration_s: float) -> np.ndarray:
     """Replicas the load needs per oracle bucket (capacity model, no headroom): the plots' demand line."""
     return oracle_mod.bucket_need(workload.arrival_s, workload.input_tokens, workload.output_tokens, capacity,
@@ -94,9 +111,8 @@ def run_autoscaled(workload: Any, profile: Any, policy: str | TriggerPolicy | Fi
     if not (math.isfinite(slo_ttft_s) and slo_ttft_s > 0):
         raise ValueError(f"slo={slo!r}: the TTFT SLO must be a finite number of seconds > 0")
     cold = as_cold_start(cold_start)
-    profile_name = getattr(profile, "name", str(profile))
-    built = make_policy(policy, profile_name, slo_ttft_s, min_replicas, max_replicas) if isinstance(policy, str) \
-        else policy
+    built = make_policy(policy, profile_keys(profile, slo_ttft_s), slo_ttft_s, min_replicas, max_replicas) \
+        if isinstance(policy, str) else policy
     capacity = profile.capacity(slo_ttft_s)
     duration = float(workload.arrival_s[-1]) if len(workload.arrival_s) else 0.0
     need = demand_replicas(workload, capacity, max(duration, oracle_mod.BUCKET_S))
@@ -125,6 +141,8 @@ def run_autoscaled(workload: Any, profile: Any, policy: str | TriggerPolicy | Fi
     result = runs[best]
     result.summary["oracle_alpha"] = best
     result.summary["oracle_runs"] = len(runs)
+    p95 = result.summary.get("ttft_p95")
+    result.summary["oracle_meets_slo"] = p95 is not None and p95 <= slo_ttft_s
     return result
 
 
@@ -135,7 +153,12 @@ def _simulate(backend: Backend, policy: TriggerPolicy | Fixed | OracleSpec, cold
     cluster = Cluster(backend, cold, rng, is_idle=lambda rid: backend.in_flight(rid) == 0,
                       drain_grace_s=drain_grace_s)
     observer = Observer(observe)
-    cluster.on_ready = lambda pod: observer.record_cold_start(pod.due_ready_at - pod.created_at)
+
+    def on_ready(pod: Pod) -> None:  # what scaler.kube.leadtime measures; the warm fleet's pods never started here
+        if pod.ready_at is not None and pod.due_ready_at > pod.created_at:
+            observer.record_cold_start(pod.ready_at - pod.created_at)
+
+    cluster.on_ready = on_ready
     timeline: list[tuple[float, int, int, int]] = []
     name = getattr(policy, "name", "policy")
     plans: list[oracle_mod.PodPlan] = []

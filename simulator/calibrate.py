@@ -2,10 +2,11 @@
 
 What is fitted, and from what:
 - Scheduler limits: KV blocks and block size from ``vllm:cache_config_info`` (exact); ``max_num_seqs``
-  from the most requests ever seen running while others waited (vLLM does not export it; a flag
-  overrides); ``max_num_batched_tokens`` from the smallest step-size bucket of
-  ``vllm:iteration_tokens_total`` holding 99.5 % of the steps (a lagging frontend merges a few
-  iterations into one record, so the largest bucket overstates it; a flag overrides).
+  from the most requests ever seen running (exact only if a scrape caught the scheduler full while
+  others waited; vLLM does not export it, so pass the flag); ``max_num_batched_tokens`` from the
+  largest step-size bucket of ``vllm:iteration_tokens_total`` that saw a step: an upper bound only (a
+  frontend that lags merges iterations into one record; we saw 2048-token "steps" under a 512
+  budget), so pass the flag too.
 - Step time (``LinearStepTime``): ``overhead_s``, ``per_token_s``, ``per_seq_s`` and
   ``per_context_token_s``, by simulating the replayed requests (their actual send times and the
   server's token counts) and minimising the squared log-ratio of simulated to measured engine-side
@@ -87,11 +88,11 @@ def load_replay(path: str | Path) -> Measured:
         engine[f"itl_p{q}"] = histogram_quantile(q / 100, *itl_hist)
         engine[f"ttft_p{q}"] = histogram_quantile(q / 100, *ttft_hist)
     bounds, cumulative = histogram_delta(timeline, "vllm:iteration_tokens_total")
-    covering = bounds[cumulative >= 0.995 * cumulative[-1]] if bounds.size and cumulative[-1] > 0 else bounds
-    finite = covering[np.isfinite(covering)][:1]
+    seen = bounds[np.flatnonzero(np.diff(np.concatenate([[0.0], cumulative])) > 0)] if bounds.size else bounds
+    finite = seen[np.isfinite(seen)][-1:]
     caches = list((info.get("cache_config") or {}).values())
     return Measured(path=path, workload=workload, summary=summary, engine=engine, cache=caches[0] if caches else {},
-                    max_running=int(max(busy or running or [1])), saw_waiting=bool(busy),
+                    max_running=int(max(running or [1])), saw_waiting=bool(busy),
                     max_step_tokens=int(finite[0]) if finite.size else None, model=str(info.get("model", "")),
                     max_model_len=int(info.get("max_model_len") or 4096))
 
@@ -112,12 +113,11 @@ def memory_from_cache(cache: dict[str, str], replicas_kv_tokens_floor: int) -> M
 def scheduler_limits(m: Measured, max_num_seqs: int | None, max_num_batched_tokens: int | None) -> tuple[int, int, str]:
     """(max_num_seqs, max_num_batched_tokens, how each was found)."""
     seqs = max_num_seqs or max(1, m.max_running)
-    how_seqs = ("given" if max_num_seqs else f"most running while requests waited ({m.max_running})"
-                if m.saw_waiting else f"most running seen ({m.max_running}; never saturated: a lower bound)")
+    how_seqs = "given" if max_num_seqs else f"most running seen ({m.max_running}, a lower bound)"
     budget = max_num_batched_tokens or max(m.max_step_tokens or 2048, 16)
     how_budget = "given" if max_num_batched_tokens else (
-        f"vllm:iteration_tokens_total bucket holding 99.5 % of steps ({m.max_step_tokens})" if m.max_step_tokens
-        else "default")
+        f"largest vllm:iteration_tokens_total bucket used ({m.max_step_tokens}, an upper bound)"
+        if m.max_step_tokens else "vLLM's default 2048")
     return int(seqs), int(budget), f"max_num_seqs: {how_seqs}; max_num_batched_tokens: {how_budget}"
 
 

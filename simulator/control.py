@@ -15,7 +15,8 @@ NOTE: this follows the HPA controller of Kubernetes 1.33 (``pkg/controller/podau
   a trigger is active and to 0 after ``cooldownPeriod`` (300 s) without activity (only when
   minReplicaCount is 0). KEDA's HPA gets minReplicas = max(1, minReplicaCount).
 - Fallback: after ``failureThreshold`` consecutive failed metric reads, KEDA answers the HPA with
-  fallback.replicas x target (``static`` behavior), so the HPA heads to fallback.replicas; below the
+  replicas x target, replicas per ``fallback.behavior`` (``static``: fallback.replicas;
+  ``currentReplicas[IfHigher|IfLower]``: the current count, or the max/min of both); below the
   threshold a failed read leaves the replica count unchanged (the HPA reports ScalingActive=False).
 
 Left out: several triggers per object, Value/Utilization targets, scaling modifiers, idleReplicaCount.
@@ -29,6 +30,7 @@ from dataclasses import dataclass, field
 
 SELECT_POLICIES = ("Max", "Min", "Disabled")
 POLICY_TYPES = ("Pods", "Percent")
+FALLBACK_BEHAVIORS = ("static", "currentReplicas", "currentReplicasIfHigher", "currentReplicasIfLower")
 
 
 @dataclass(frozen=True)
@@ -94,6 +96,7 @@ class ControlConfig:
     scale_down: ScalingRules = field(default_factory=default_scale_down)
     fallback_failure_threshold: int | None = None
     fallback_replicas: int = 0
+    fallback_behavior: str = "static"
 
     def __post_init__(self) -> None:
         problems = []
@@ -111,8 +114,16 @@ class ControlConfig:
         ):
             problems.append(f"fallback_failure_threshold={self.fallback_failure_threshold!r}, fallback_replicas="
                             f"{self.fallback_replicas!r}: both must be >= 1 when fallback is set")
+        if self.fallback_behavior not in FALLBACK_BEHAVIORS:
+            problems.append(f"fallback_behavior={self.fallback_behavior!r}: allowed {', '.join(FALLBACK_BEHAVIORS)}")
         if problems:
             raise ValueError("invalid ControlConfig: " + "; ".join(problems))
+
+    def fallback_target(self, current: int) -> int:
+        """Replicas KEDA's fallback asks for (``fallback.behavior``), given the current count."""
+        return {"static": self.fallback_replicas, "currentReplicas": current,
+                "currentReplicasIfHigher": max(current, self.fallback_replicas),
+                "currentReplicasIfLower": min(current, self.fallback_replicas)}[self.fallback_behavior]
 
     @property
     def hpa_min_replicas(self) -> int:
@@ -285,7 +296,7 @@ class ControlLoop:
             if value is None:
                 self.failures += 1
                 if cfg.fallback_failure_threshold is not None and self.failures >= cfg.fallback_failure_threshold:
-                    value = cfg.fallback_replicas * cfg.target_value
+                    value = cfg.fallback_target(replicas) * cfg.target_value
             else:
                 self.failures = 0
         return self.hpa.sync(now, replicas, value)

@@ -1,10 +1,10 @@
 """Vectorised CSV scanning for trace readers: bytes in, numpy columns out, no Python object per row.
 
 A trace of 27 M rows cannot afford ``csv.reader`` (one list of strings per row). This module reads a
-file in chunks of whole lines, finds line and comma positions with numpy, and parses integer, decimal
-and ISO-like timestamp fields by gathering their bytes into small 2-D arrays and doing the digit
-arithmetic on whole columns at once. Every problem becomes a :class:`TraceFormatError` that names the
-file, the line, the column, the offending value and what was expected.
+file in chunks of whole lines; ``fast_columns`` hands a plain chunk to numpy.loadtxt's C reader, and
+``split_rows`` finds line and comma positions with numpy for the careful path, whose fields
+``numparse`` converts on whole columns. Every problem becomes a :class:`TraceFormatError` that names
+the file, the line, the column, the offending value and what was expected.
 
 Supported CSV subset: comma-separated, one record per line (LF or CRLF), optional UTF-8 BOM, blank
 lines ignored, fields may be padded with spaces or wrapped in double quotes, but quoted commas and

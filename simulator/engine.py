@@ -126,6 +126,7 @@ class Engine:
         inp = workload.input_tokens
         out = np.minimum(workload.output_tokens, np.maximum(profile.max_model_len - inp, 1))
         self.log = RequestLog(workload.arrival_s, inp, out)
+        self._too_long = set(np.flatnonzero(inp >= profile.max_model_len).tolist())
         self.itl = LatencyHistogram()
         self.prefix = ((workload.block_ids, workload.block_offsets, workload.block_tokens)
                        if workload.block_ids is not None else None)
@@ -186,7 +187,7 @@ class Engine:
 
     def _arrive(self, rid: int, now: float) -> None:
         log = self.log
-        if log.input_tokens[rid] >= self.profile.max_model_len:
+        if self._too_long and rid in self._too_long:
             log.status[rid] = REJECTED
             return
         if self.fleet.routable and not self.gateway:
@@ -205,16 +206,16 @@ class Engine:
     def run(self, until: float | None = None, progress: Callable[[int], None] | None = None) -> SimulationResult:
         """Run to the end (every request resolved, or ``until``); returns the result."""
         started = time.perf_counter()
-        arrivals = self.workload.arrival_s
-        n_req = len(arrivals)
-        last_arrival = float(arrivals[-1]) if n_req else 0.0
+        n_req = len(self.workload)
+        arrivals = [*self.workload.arrival_s.tolist(), float("inf")]  # Python floats: cheap compares
+        last_arrival = arrivals[n_req - 1] if n_req else 0.0
         stop = until if until is not None else last_arrival + self.config.horizon_s
         heap, replicas, timers = self._heap, self.fleet.replicas, self._timers
         nxt = 0
         events = 0
         last = 0.0
         while True:
-            t_arr = arrivals[nxt] if nxt < n_req else np.inf
+            t_arr = arrivals[nxt]
             if heap and (heap[0][0] < t_arr or (heap[0][0] == t_arr and heap[0][1] < _ARRIVAL)):
                 t, prio, _, a, b = heapq.heappop(heap)
                 if t > stop:
@@ -226,7 +227,11 @@ class Engine:
                     if rep is None or rep.version != b:
                         continue
                     last = t
-                    self._schedule_replica(rep, rep.on_event(t))
+                    t_next = rep.on_event(t)
+                    if t_next is not None:
+                        rep.version += 1
+                        self._seq += 1
+                        heapq.heappush(heap, (t_next, _STEP, self._seq, a, rep.version))
                 else:
                     timers[a](t)
                     if nxt >= n_req and not self._busy():
@@ -235,8 +240,8 @@ class Engine:
                 if t_arr > stop:
                     self.now = stop
                     break
-                self.now = last = float(t_arr)
-                self._arrive(nxt, self.now)
+                self.now = last = t_arr
+                self._arrive(nxt, t_arr)
                 nxt += 1
             else:
                 break

@@ -15,7 +15,8 @@ The oracle sees every future arrival and the exact cold start of every pod it wi
 4. **Provisioning one cold start early**: the pod of an interval starting at ``s`` is created at
    ``s - cold_start`` with that pod's exact cold start (drawn in order from the run's generator), so
    it turns Ready exactly at ``s``; it is deleted at the interval's end (and drains like any pod).
-   Pods needed at t = 0 start warm, as every policy's initial replicas do.
+   Pods needed before their cold start could elapse start warm at t = 0, as every policy's initial
+   replicas do.
 
 What this is and is not: the optimum *within this family of schedules* (per-bucket need x one
 headroom factor), verified by simulation. It is not a proof that no schedule could use fewer
@@ -91,14 +92,15 @@ def level_intervals(replicas: np.ndarray, bucket_s: float, bridge_s: float) -> l
 
 def plan_pods(replicas: np.ndarray, bucket_s: float, draw_cold_start: Callable[[], float],
               bridge_s: float) -> list[PodPlan]:
-    """Pods for the schedule; the ones wanted at t = 0 start warm, the rest one cold start early."""
+    """Pods for the schedule, each created one (exact) cold start before it is wanted; a pod wanted
+    sooner than its cold start allows is part of the warm fleet at t = 0, as every policy's initial pods."""
     plans = []
     for start, end in sorted(level_intervals(replicas, bucket_s, bridge_s)):
-        if start <= 0.0:
+        cold = draw_cold_start() if start > 0.0 else 0.0
+        if start - cold < 0.0 or start <= 0.0:
             plans.append(PodPlan(0.0, 0.0, end, 0.0, warm=True))
-            continue
-        cold = draw_cold_start()
-        plans.append(PodPlan(max(0.0, start - cold), start, end, cold))
+        else:
+            plans.append(PodPlan(start - cold, start, end, cold))
     return plans
 
 
@@ -107,16 +109,26 @@ def replica_seconds(plans: list[PodPlan], end_s: float) -> float:
     return sum(max(0.0, min(p.delete_at, end_s) - p.create_at) for p in plans)
 
 
-def search_alpha(meets: Callable[[float], bool], low: float = 0.6, high: float = 2.5, steps: int = 5) -> float:
-    """Smallest alpha in [low, high] with ``meets(alpha)``, by bisection (``meets`` is a simulation)."""
-    if not meets(high):
-        return high
-    if meets(low):
-        return low
+def search_alpha(meets: Callable[[float], bool], start: float = 1.0, low: float = 0.6, high: float = 2.5,
+                 steps: int = 4) -> float:
+    """Smallest alpha in [low, high] with ``meets(alpha)`` (a simulation each), by bisection from ``start``.
+
+    One run at ``start`` picks the half to search, then ``steps`` halvings: ``1 + steps`` runs, plus
+    one at ``high`` only if nothing below it met the SLO. TTFT falls off a cliff when a bucket is
+    short of replicas, so the answer is a threshold and bisection finds it.
+    """
+    if not (0 < low <= start <= high):
+        raise ValueError(f"oracle search: need 0 < low={low!r} <= start={start!r} <= high={high!r}")
+    if meets(start):
+        lo, hi, verified = low, start, True
+    else:
+        lo, hi, verified = start, high, False
     for _ in range(steps):
-        mid = (low + high) / 2
+        mid = (lo + hi) / 2
         if meets(mid):
-            high = mid
+            hi, verified = mid, True
         else:
-            low = mid
-    return high
+            lo = mid
+    if not verified:
+        meets(hi)
+    return hi

@@ -9,7 +9,7 @@ otherwise (``ControlConfig``).
   parse_metadata`` and ``ScalerConfig.policy_config`` (as in ``scaler.evaluator``), the Signals are
   built like ``scaler.sources.prometheus`` plus the Kubernetes view, and ``scaler.policy.decide``
   runs every 5 s (the evaluator's interval), the HPA reading the cached ``desired_replicas`` with
-  target 1. Its chart sets the HPA's scale-down window and tolerance to 0 (the policy owns both).
+  target 1; KEDA and HPA set up as the chart's example ScaledObject (``leadscale_control``).
 - ``waiting-requests``: vLLM production-stack's recipe, a Prometheus trigger on
   ``sum(vllm:num_requests_waiting)``, threshold 5, AverageValue.
 - ``kv-cache``: ``sum(vllm:kv_cache_usage_perc)``, target 0.8 per replica (AverageValue).
@@ -182,23 +182,38 @@ class OracleSpec:
     name: str = "oracle"
 
 
-def leadscale_metadata(profile: str, slo_ttft_s: float, extra: dict[str, str] | None = None) -> dict[str, str]:
-    """The trigger metadata a user would write for this profile and SLO (see charts/ and docs)."""
-    meta = {"model": "simulated", "profile": profile, "ttftSeconds": f"{slo_ttft_s:g}", "leadTime": "auto",
+def leadscale_metadata(profile: str | dict[str, str], slo_ttft_s: float,
+                       extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The trigger metadata a user would write for this profile and SLO (see charts/ and docs).
+
+    ``profile`` is a profile name, or the capacity keys (``prefillTokensPerSecond``...) for a profile
+    the live scaler could not look up by name.
+    """
+    keys = {"profile": profile} if isinstance(profile, str) else dict(profile)
+    meta = {"model": "simulated", **keys, "ttftSeconds": f"{slo_ttft_s:g}", "leadTime": "auto",
             "activationQuery": "sum(gateway_queue_requests)"}
     meta.update(extra or {})
     return meta
 
 
+CHART_TOLERANCE = 0.01
+CHART_SCALE_DOWN = ScalingRules(60.0, (ScalingPolicy("Pods", 1, 60.0),), "Min", tolerance=CHART_TOLERANCE)
+CHART_SCALE_UP = replace(default_scale_up(), tolerance=CHART_TOLERANCE)
+
+
 def leadscale_control(min_replicas: int, max_replicas: int) -> ControlConfig:
-    """The ScaledObject of charts/: target 1; the HPA's scale-down window and tolerance left to the policy."""
-    return ControlConfig(min_replicas=min_replicas, max_replicas=max_replicas,
-                         scale_up=replace(default_scale_up(), tolerance=0.0),
-                         scale_down=ScalingRules(0.0, (ScalingPolicy("Percent", 100, 15.0),), tolerance=0.0))
+    """The example ScaledObject of ``charts/leadscale/values.yaml`` (a test keeps the two equal): polling
+    15 s, cooldown 300 s, fallback after 3 failures with ``currentReplicasIfHigher``, HPA tolerance 0.01,
+    scale-up as Kubernetes' default, scale-down one pod a minute after a 60 s window; target 1."""
+    return ControlConfig(min_replicas=min_replicas, max_replicas=max_replicas, polling_interval_s=15.0,
+                         cooldown_period_s=300.0, scale_up=CHART_SCALE_UP, scale_down=CHART_SCALE_DOWN,
+                         fallback_failure_threshold=3, fallback_replicas=1,
+                         fallback_behavior="currentReplicasIfHigher")
 
 
-def make_policy(name: str, profile: str, slo_ttft_s: float, min_replicas: int = 1, max_replicas: int = 100,
-                leadscale_extra: dict[str, str] | None = None) -> TriggerPolicy | Fixed | OracleSpec:
+def make_policy(name: str, profile: str | dict[str, str], slo_ttft_s: float, min_replicas: int = 1,
+                max_replicas: int = 100, leadscale_extra: dict[str, str] | None = None,
+                ) -> TriggerPolicy | Fixed | OracleSpec:
     """Build a policy by name; ``ValueError`` naming the value and the allowed names otherwise."""
     text = name.strip()
     control = ControlConfig(min_replicas=min_replicas, max_replicas=max_replicas)

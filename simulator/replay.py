@@ -27,7 +27,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-from simulator.replay_metrics import MetricsRecorder, load_timeline, server_means
+from simulator.replay_metrics import MetricsRecorder, counter_delta, gauge_stats, load_timeline, server_means
 from simulator.replay_prompts import PromptBuilder, fit_lengths
 from simulator.replay_records import RequestRecord, summarize, write_records
 
@@ -134,7 +134,6 @@ class Replayer:
     async def _send(self, client: httpx.AsyncClient, rec: RequestRecord, body: dict[str, Any],
                     router: Router, guard: asyncio.Semaphore) -> None:
         path = "/v1/chat/completions" if self.config.api == "chat" else "/v1/completions"
-        router.outstanding[rec.endpoint] += 1
         token_times: list[float] = []
         try:
             rec.sent_s = self.now()
@@ -257,6 +256,7 @@ class Replayer:
                 await asyncio.sleep(delay)
             await guard.acquire()
             rec.endpoint = router.pick()
+            router.outstanding[rec.endpoint] += 1  # counted now, so a burst sent in one instant spreads
             tasks.append(asyncio.create_task(self._send(client, rec, body, router, guard)))
 
     def _write(self, info: dict[str, Any], wall: float) -> dict[str, Any]:
@@ -265,7 +265,11 @@ class Replayer:
         np.save(self.out_dir / "itl.npy", np.asarray(self.itl, dtype=np.float64))
         summary = summarize(self.records, wall, len(self.config.endpoints), np.asarray(self.itl),
                             self.config.slo_ttft_s, self.config.slo_tpot_s)
-        summary.update(server_means(load_timeline(self.out_dir / "metrics.jsonl")))
+        timeline = load_timeline(self.out_dir / "metrics.jsonl")
+        summary.update(server_means(timeline))
+        preemptions = counter_delta(timeline, "vllm:num_preemptions_total")
+        summary["preemptions"] = int(preemptions) if preemptions is not None else None
+        summary["kv_usage_mean"], summary["kv_usage_max"] = gauge_stats(timeline, "vllm:kv_cache_usage_perc")
         summary["interrupted"] = self.interrupted
         summary["model"] = info.get("model")
         (self.out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")

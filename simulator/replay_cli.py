@@ -45,7 +45,8 @@ def replay_config(args: argparse.Namespace) -> Any:
         endpoints=tuple(e.rstrip("/") for e in args.endpoint), model=args.model, api=args.api,
         time_scale=args.time_scale, start_s=args.start, max_requests=args.max_requests,
         max_concurrency=args.max_concurrency, routing=args.routing, timeout_s=args.timeout,
-        metrics_interval_s=args.metrics_interval, slo_ttft_s=args.slo_ttft, slo_tpot_s=args.slo_tpot,
+        metrics_interval_s=args.metrics_interval, slo_ttft_s=args.slo_ttft,
+        slo_tpot_s=args.slo_tpot if args.slo_tpot is not None else 0.2,
         seed=args.seed)
 
 
@@ -77,6 +78,76 @@ def run_replay(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_calibrate(args: argparse.Namespace) -> int:
+    """Fit a profile to ``--replay`` (or take ``--check PROFILE``) and print the fidelity table."""
+    from simulator import calibrate
+    from simulator.profiles import get_profile, save_profile
+
+    try:
+        measured = calibrate.load_replay(args.replay)
+        if args.check:
+            profile = get_profile(args.check)
+        else:
+            profile = calibrate.fit(measured, args.max_num_seqs, args.max_num_batched_tokens, args.max_evals)
+    except (ValueError, KeyError, OSError) as exc:
+        print(f"leadscale calibrate: {exc}", file=sys.stderr)
+        return 2
+    if not args.check:
+        out = Path(args.out)
+        save_profile(profile, out)
+        print(f"profile written to {out} (use it as --profile {out})")
+    rows = calibrate.fidelity(measured, calibrate.simulate_replay(profile, measured))
+    print(f"{'checked' if args.check else 'calibrated'} on {args.replay} ({len(measured.workload)} requests); "
+          f"profile {profile.name}: {profile.step_time.to_dict()}")
+    print(calibrate.format_table(rows))
+    if args.json:
+        print(json.dumps([dict(zip(("metric", "measured", "simulated", "rel_error"), r, strict=True)) for r in rows]))
+    return 0
+
+
+def run_capacity(args: argparse.Namespace) -> int:
+    """Sweep load on one replica (endpoint or profile) and report the knee within the SLO."""
+    from simulator import capacity
+
+    try:
+        config = capacity.SweepConfig(slo_ttft_s=args.slo_ttft, slo_tpot_s=args.slo_tpot, percentile=args.percentile,
+                                      start_rate=args.start_rate, factor=args.factor, max_steps=args.max_steps,
+                                      requests=args.requests, seed=args.seed)
+        workload = load_trace_arg(args)
+        if args.profile:
+            from simulator.profiles import get_profile
+
+            runner = capacity.profile_runner(get_profile(args.profile), config)
+        else:
+            args.max_requests, args.time_scale, args.start = None, 1.0, 0.0
+            runner = capacity.endpoint_runner(replay_config(args), Path(args.out) / "steps")
+    except (ValueError, KeyError, OSError) as exc:
+        print(f"leadscale capacity: {exc}", file=sys.stderr)
+        return 2
+
+    def log(step: Any) -> None:
+        ttft = "-" if step.ttft is None else f"{step.ttft:.3f}"
+        print(f"{step.rate:8.3g} req/s  prompt {step.prompt_tokens_per_s:9.1f} tok/s  generated "
+              f"{step.generation_tokens_per_s:9.1f} tok/s  TTFT p{config.percentile} {ttft:>8} s  "
+              f"{'meets' if step.meets_slo else 'MISSES'} the SLO", file=sys.stderr)
+
+    try:
+        steps = capacity.sweep(runner, workload.input_tokens, workload.output_tokens, config, log)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # a dead endpoint or a bad tokenizer ends the sweep with its reason
+        print(f"leadscale capacity: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    result = capacity.report(steps, config)
+    (out / "capacity.json").write_text(json.dumps(result, indent=2) + "\n")
+    capacity.plot(steps, config, str(out / "knee.png"))
+    print(json.dumps({"knee": result["knee"], "scaler_metadata": result["scaler_metadata"]}, indent=2))
+    return 0 if result["knee"] else 1
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     replay = subparsers.add_parser("replay", help="replay a trace against real OpenAI-compatible endpoints",
                                    description="Send a trace's requests at their times to vLLM endpoints and "
@@ -85,3 +156,42 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     _add_replay_arguments(replay)
     replay.add_argument("--out", required=True, metavar="DIR", help="output folder")
     replay.set_defaults(func=run_replay)
+
+    cal = subparsers.add_parser("calibrate", help="fit a performance profile to a replay; print the fidelity table",
+                                description="Fit the simulator's step-time model and scheduler limits to a replay "
+                                            "(leadscale replay --out DIR), write a profile YAML, simulate the same "
+                                            "requests with it and compare. --check PROFILE compares an existing "
+                                            "profile with a (different) replay instead of fitting.")
+    cal.add_argument("--replay", required=True, metavar="DIR", help="a replay output folder")
+    cal.add_argument("--out", default="profile.yaml", help="where to write the fitted profile (default profile.yaml)")
+    cal.add_argument("--check", default=None, metavar="PROFILE", help="only compare this profile with the replay")
+    cal.add_argument("--max-num-seqs", type=int, default=None, help="the server's --max-num-seqs (default: inferred)")
+    cal.add_argument("--max-num-batched-tokens", type=int, default=None,
+                     help="the server's --max-num-batched-tokens (default: inferred upper bound)")
+    cal.add_argument("--max-evals", type=int, default=120, help="simulations the fit may run (default 120)")
+    cal.add_argument("--json", action="store_true", help="also print the table as JSON")
+    cal.set_defaults(func=run_calibrate)
+
+    cap = subparsers.add_parser("capacity", help="a single replica's capacity within the SLO (load sweep, knee)",
+                                description="Replay a trace's length mix at rising Poisson rates against one "
+                                            "endpoint (--endpoint) or one simulated replica (--profile); report the "
+                                            "highest prompt and generated tokens/s within the SLO and plot the knee.")
+    _add_trace_arguments(cap)
+    target = cap.add_mutually_exclusive_group(required=True)
+    target.add_argument("--endpoint", action="append", metavar="URL", help="one vLLM replica's base URL")
+    target.add_argument("--profile", metavar="NAME|PATH", help="a performance profile (simulated)")
+    cap.add_argument("--slo-ttft", type=float, required=True, help="TTFT SLO, seconds")
+    cap.add_argument("--slo-tpot", type=float, default=None, help="TPOT SLO, seconds (optional)")
+    cap.add_argument("--percentile", type=int, default=90, help="SLO percentile: 50, 90, 95 or 99 (default 90)")
+    cap.add_argument("--start-rate", type=float, default=0.5, help="first offered load, requests/s")
+    cap.add_argument("--factor", type=float, default=1.5, help="load multiplier between steps")
+    cap.add_argument("--max-steps", type=int, default=10)
+    cap.add_argument("--requests", type=int, default=60, help="requests per step")
+    cap.add_argument("--model", default=None)
+    cap.add_argument("--api", choices=("completions", "chat"), default="completions")
+    cap.add_argument("--max-concurrency", type=int, default=256)
+    cap.add_argument("--routing", default="round-robin")
+    cap.add_argument("--timeout", type=float, default=600.0)
+    cap.add_argument("--metrics-interval", type=float, default=1.0)
+    cap.add_argument("--out", default="capacity", metavar="DIR", help="capacity.json, knee.png (default ./capacity)")
+    cap.set_defaults(func=run_capacity)

@@ -138,6 +138,25 @@ def server_means(timeline: list[dict[str, Any]]) -> dict[str, float | None]:
     return out
 
 
+def counter_delta(timeline: list[dict[str, Any]], name: str) -> float | None:
+    """What a counter gained over the replay, summed over endpoints (None when never scraped)."""
+    first: dict[str, float] = {}
+    last: dict[str, float] = {}
+    for line in timeline:
+        value = metric_sum(line.get("samples") or {}, name) if line.get("ok") else None
+        if value is not None:
+            first.setdefault(line["endpoint"], value)
+            last[line["endpoint"]] = value
+    return sum(max(0.0, last[u] - first[u]) for u in last) if last else None
+
+
+def gauge_stats(timeline: list[dict[str, Any]], name: str) -> tuple[float | None, float | None]:
+    """Mean and max of a gauge over every good scrape (e.g. ``vllm:kv_cache_usage_perc``)."""
+    values = [metric_sum(x["samples"], name) for x in timeline if x.get("ok")]
+    values = [v for v in values if v is not None]
+    return (float(np.mean(values)), float(np.max(values))) if values else (None, None)
+
+
 def histogram_delta(timeline: list[dict[str, Any]], name: str) -> tuple[np.ndarray, np.ndarray]:
     """Cumulative bucket counts of histogram ``name`` gained over the replay, summed over endpoints.
 

@@ -124,14 +124,26 @@ def summarize(records: list[RequestRecord], wall_seconds: float, replicas: int, 
     for name, arr in (("ttft", ttft), ("tpot", tpot), ("itl", itl_all), ("e2e", e2e)):
         for q in (50, 90, 95, 99):
             summary[f"{name}_p{q}"] = _pct(arr, q)
+        finite = arr[np.isfinite(arr)]
+        summary[f"{name}_mean"] = float(finite.mean()) if finite.size else None
+    # the simulator's keys a client cannot observe per request (the queue is inside the server: see
+    # server_queue_mean), or that map to the replay's own failure kinds
+    summary.update({f"queue_p{q}": None for q in (50, 90, 95, 99)})
     summary.update({
-        "queue_p95": None,  # inside the server: read vllm:request_queue_time_seconds in the timeline
+        "queue_mean": None,
+        "rejected": summary["refused"],
+        "aborted": summary["cancelled"],
+        "unfinished": summary["not_sent"] + summary["timeout"] + summary["error"] + summary["http_error"],
         "slo_ttft_s": slo_ttft_s,
         "slo_tpot_s": slo_tpot_s,
         "slo_attainment": (len(met) / len(sent)) if sent else None,
         "goodput": len(met) / wall,
         "goodput_requests_per_s": len(met) / wall,
+        "goodput_tokens_per_s": sum(max(r.prompt_tokens, 0) + max(r.output_tokens, 0) for r in met) / wall,
         "throughput_tokens_per_s": (in_tokens + out_tokens) / wall,
+        "output_tokens_per_s": out_tokens / wall,
+        "throughput_requests_per_s": len(ok) / wall,
+        "duration_s": wall_seconds,
         "prompt_tokens_per_s": in_tokens / wall,
         "generation_tokens_per_s": out_tokens / wall,
         "prompt_tokens": in_tokens,

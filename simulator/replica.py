@@ -94,7 +94,7 @@ class Replica:
             self.prefix = PrefixCache(self.total_blocks * self.bs // block_tokens, block_tokens, self.bs)
         self.busy_until: float | None = None
         self.run: DecodeRun | None = None  # a decode run of run_k steps from run_start, run_done applied
-        self.run_k = self.run_done = 0
+        self.run_k = self.run_done = self.run_fin = 0
         self.step_s = 0.0
         self.counters = dict(prompt_tokens_total=0, generation_tokens_total=0, request_success_total=0,
                              num_preemptions_total=0, request_prompt_tokens_sum=0, request_generation_tokens_sum=0)
@@ -105,10 +105,16 @@ class Replica:
         log = self.log
         self.waiting.append(rid)
         log.replica[rid] = self.id
-        self.outstanding_tokens += int(log.input_tokens[rid] + log.output_tokens[rid])
+        self.outstanding_tokens += log.tokens_l[rid]
         if self.busy_until is None:
             self.clock = max(self.clock, now)
             return self._plan()
+        if self.run is not None and now < self.run_start:  # the run after an eager step: none of it
+            if self.run_k > 0:
+                self.run_k = 0
+                self.busy_until = self.run_start
+                return self.busy_until
+            return None
         if self.run is not None and self.run_k - self.run_done > 1:
             done = self.run.steps_within(now - self.run_start)  # steps over by now; cut after the next one
             if done + 1 < self.run_k:
@@ -121,8 +127,7 @@ class Replica:
         """The planned step(s) end at ``now``: apply them, schedule the next; returns its end or None (idle)."""
         if self.run is not None:
             self._apply_run(self.run_k - self.run_done)
-        else:
-            self._complete_step()
+        self.busy_until = None
         self.clock = now
         return self._plan()
 
@@ -181,9 +186,10 @@ class Replica:
         if not self.waiting or budget <= 0 or self.n >= self.max_seqs:
             return None
         rid = self.waiting[0]
-        if self.log.arrival_s[rid] > now:
+        log = self.log
+        if log.arrival_l[rid] > now:
             return None
-        ntok = int(self.log.input_tokens[rid] + self.log.generated[rid])
+        ntok = log.input_l[rid] + int(log.generated[rid])
         cached = self._cached(rid, ntok, touch=False)
         return cached, min(ntok - cached, budget)
 
@@ -194,21 +200,49 @@ class Replica:
                                   touch=touch)
 
     def _plan(self) -> float | None:
-        """Schedule from ``self.clock``: a decode run when nothing else can change, else one general step."""
+        """Schedule from ``self.clock``: a decode run when nothing else can change, else one general step.
+
+        NOTE: a general step's batch is fixed when it starts, so its outcome is applied at once (times
+        stamped at its end) and the decode run that may follow is planned from its end: one engine event
+        instead of two. An arrival during the step cancels that run; a metrics read during the step sees
+        its counters one step early.
+        """
+        end = self._plan_run()
+        if end is not None:
+            return end
+        end = self._start_step()
+        if end is None or self.n == 0:
+            return end
+        self._complete_step()
+        self.clock = end
+        after = self._plan_run()
+        self.busy_until = end if after is None else after
+        return self.busy_until
+
+    def _plan_run(self) -> float | None:
+        """Start a decode run from ``self.clock`` if nothing but finishes and the KV cache can change it."""
         n = self.n
-        if n and self.all_decoding and n <= self.budget:
-            S, bs, total = self.S, self.bs, self.total_blocks
-            k = int(-S[LEFT, :n].max())  # steps until the first finish
+        if not (n and self.all_decoding and n <= self.budget):
+            return None
+        S, bs, total = self.S, self.bs, self.total_blocks
+        if self.waiting:
             head = self._head_tokens(self.budget - n, self.clock)
             if head is not None:
                 free1 = total - int(((S[COMP, :n] + bs) // bs).sum())
                 if -(-(head[0] + head[1]) // bs) <= free1:
-                    return self._start_step()  # it would be admitted next step
-            if (self.comp_sum + n * k) / bs + n > total:
-                k = self._kv_run_length(k)
-            if k > 0:
-                return self._start_run(k)
-        return self._start_step()
+                    return None  # it would be admitted next step
+        k = self.run_fin = int(-S[LEFT, :n].max())  # steps until the first finish
+        if (self.comp_sum + n * k) / bs + n > total:
+            k = self._kv_run_length(k)
+        return self._start_run(k) if k > 0 else None
+
+    def _start_run(self, k: int) -> float:
+        n = self.n
+        self.new_sum = n  # one token each in flight (the NEW row is implied, not written)
+        run = self.run = self.model.decode_run(n, float(self.comp_sum + n))
+        self.run_start, self.run_k, self.run_done = self.clock, k, 0
+        self.busy_until = self.clock + k * run.first_s + run.growth_s * k * (k - 1) / 2.0
+        return self.busy_until
 
     def _kv_run_length(self, k_fin: int) -> int:
         """Steps (<= k_fin) whose blocks fit: the cache runs out at the next one (which then preempts)."""
@@ -223,28 +257,22 @@ class Replica:
                 hi = mid
         return lo
 
-    def _start_run(self, k: int) -> float:
-        n = self.n
-        self.new_sum = n  # one token each in flight (the NEW row is implied, not written)
-        self.run = self.model.decode_run(n, float(self.comp_sum + n))
-        self.run_start, self.run_k, self.run_done = self.clock, k, 0
-        self.busy_until = self.clock + self.run.total(k)
-        return self.busy_until
-
     def _apply_run(self, j: int) -> None:
         """Apply ``j`` more steps of the decode run in progress."""
         run, n = self.run, self.n
-        if j <= 0 or run is None:
+        if run is None:
             return
-        self.itl.add_arithmetic(run.first_s + run.growth_s * self.run_done, run.growth_s, j, float(n))
-        self.S[NTOK:NEW, :n] += j
-        self.comp_sum += n * j
-        self.counters["generation_tokens_total"] += n * j
-        self.run_done += j
+        if j > 0:
+            self.itl.add_arithmetic(run.first_s + run.growth_s * self.run_done, run.growth_s, j, float(n))
+            self.S[NTOK:NEW, :n] += j
+            self.comp_sum += n * j
+            self.counters["generation_tokens_total"] += n * j
+            self.run_done += j
         if self.run_done == self.run_k:
             self.run = self.busy_until = None
             self.new_sum = 0
-            self._finish_done(self.run_start + run.total(self.run_k))
+            if self.run_k == self.run_fin:  # else cut short (an arrival, the KV cache): nobody finishes
+                self._finish_done(self.run_start + run.total(self.run_k))
 
     # ----- one general step ------------------------------------------------------------------------------
     def _start_step(self) -> float | None:
@@ -291,8 +319,8 @@ class Replica:
             p_new = new[partial]
             self._adm_attn += float((p_new * (comp[partial] + p_new / 2.0)).sum())
             n0 = int(partial.sum()) + decodes
-        self.step_s = self.model.step_time(self.new_sum, n0 + n - self.n_running if self.fast else n0 + n
-                                           - self.n_running, float(context), self._adm_attn)
+        seqs = n0 + n - self.n_running  # scheduled running requests + admitted ones
+        self.step_s = self.model.step_time(self.new_sum, seqs, float(context), self._adm_attn)
         self.busy_until = self.clock + self.step_s
         return self.busy_until
 
@@ -369,25 +397,23 @@ class Replica:
                 log.first_scheduled_s[rid] = now
 
     def _complete_step(self) -> None:
-        """Apply the general step that just ended: computed tokens, samples, first tokens, finishes."""
+        """Apply the general step just scheduled: computed tokens, samples, first tokens, finishes."""
         n, S, n0 = self.n, self.S, self.n_running
-        self.busy_until = None
-        if n == 0:
-            return
         end = self.clock + self.step_s
-        if self.fast:  # running part: one decode token each
+        if self.fast:  # running part: one decode token each; admitted ones one by one
             S[NTOK:NEW, :n0] += 1
             decodes = n0
-            sampled_ids = []
+            first = []
+            prefilled = True
             for j in range(n0, n):
-                comp = int(S[COMP, j] + S[NEW, j])
-                S[COMP, j] = comp
-                if comp == S[NTOK, j]:
-                    S[NTOK, j] += 1
-                    S[LEFT, j] += 1
-                    sampled_ids.append(int(S[ID, j]))
-            count = n0 + len(sampled_ids)
-            first = np.array(sampled_ids, np.int64)
+                rid, ntok, comp, left, new = S[:, j].tolist()
+                if comp + new == ntok:  # prefill done: first token (or first after a recompute)
+                    S[:, j] = (rid, ntok + 1, ntok, left + 1, 0)
+                    first.append(rid)
+                else:
+                    S[COMP, j] = comp + new
+                    prefilled = False
+            count = n0 + len(first)
         else:
             new = S[NEW, :n]
             was_decode = (new == 1) & (S[NTOK, :n] - S[COMP, :n] == 1)
@@ -397,54 +423,57 @@ class Replica:
             S[NTOK, :n] += sampled
             S[LEFT, :n] += sampled
             count, decodes = int(sampled.sum()), int(was_decode.sum())
-            first = S[ID, :n][sampled & ~was_decode]
+            first = S[ID, :n][sampled & ~was_decode].tolist()
         S[NEW, :n] = 0
         self.comp_sum += self.new_sum
         self.new_sum = 0
         self.counters["generation_tokens_total"] += count
         if decodes:
             self.itl.add(self.step_s, float(decodes))
-        if first.size:
+        if first:
             self._first_tokens(first, end)
         self._finish_done(end)
-        n = self.n
-        self.all_decoding = bool((S[NTOK, :n] - S[COMP, :n] == 1).all())
+        if not self.fast or not prefilled:
+            n = self.n
+            self.all_decoding = bool((S[NTOK, :n] - S[COMP, :n] == 1).all())
 
-    def _first_tokens(self, ids: np.ndarray, end: float) -> None:
+    def _first_tokens(self, ids: list[int], end: float) -> None:
         """Record first tokens (not re-samples after a recompute) and remember prompts for prefix caching."""
-        log = self.log
-        first = ids[np.isnan(log.first_token_s[ids])]
-        if not first.size:
-            return
-        log.first_token_s[first] = end
-        self.counters["prompt_tokens_total"] += int(log.input_tokens[first].sum())
-        if self.prefix is not None:
-            for rid in first.tolist():
+        log, first_token = self.log, self.log.first_token_s
+        for rid in ids:
+            if first_token[rid] == first_token[rid]:  # not NaN: a re-sample after recompute
+                continue
+            first_token[rid] = end
+            self.counters["prompt_tokens_total"] += log.input_l[rid]
+            if self.prefix is not None:
                 self.prefix.insert(self._block_ids[self._block_offsets[rid]: self._block_offsets[rid + 1]],
-                                   int(log.input_tokens[rid]))
+                                   log.input_l[rid])
 
     def _finish_done(self, end: float) -> None:
         """Retire the running requests that reached their output length at ``end``; compact the columns."""
         n, S = self.n, self.S
-        idx = np.flatnonzero(S[LEFT, :n] == 0)
-        if not idx.size:
+        done = S[LEFT, :n] == 0
+        if not done.any():
             return
+        idx = done.nonzero()[0].tolist()
         log, c = self.log, self.counters
-        ids = S[ID, idx]
-        log.finish_s[ids] = end
-        log.status[ids] = FINISHED
-        log.generated[ids] = log.output_tokens[ids]
-        prompt, output = int(log.input_tokens[ids].sum()), int(log.output_tokens[ids].sum())
-        c["request_success_total"] += int(ids.size)
+        prompt = output = 0
+        for i in idx:
+            rid = int(S[ID, i])
+            log.finish_s[rid] = end
+            log.status[rid] = FINISHED
+            out = log.tokens_l[rid] - log.input_l[rid]
+            log.generated[rid] = out
+            prompt += log.input_l[rid]
+            output += out
+            self.comp_sum -= int(S[COMP, i])
+        c["request_success_total"] += len(idx)
         c["request_prompt_tokens_sum"] += prompt
         c["request_generation_tokens_sum"] += output
         self.outstanding_tokens -= prompt + output
-        self.comp_sum -= int(S[COMP, idx].sum())
-        if idx.size == 1:
-            i = int(idx[0])
+        if len(idx) == 1:
+            i = idx[0]
             S[:, i: n - 1] = S[:, i + 1: n]
         else:
-            keep = np.ones(n, bool)
-            keep[idx] = False
-            S[:, : n - idx.size] = S[:, :n][:, keep]
-        self.n = n - int(idx.size)
+            S[:, : n - len(idx)] = S[:, :n][:, ~done]
+        self.n = n - len(idx)

@@ -110,7 +110,7 @@ def plot(results: Mapping[str, ResultLike], out_dir: Path, slo_ttft_s: float) ->
     ax.set_yscale("log")
     ax.set_xlabel("time (min)")
     ax.set_ylabel("p95 TTFT per minute (s)")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left")
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(out_dir / "ttft_over_time.png", dpi=90)
@@ -119,15 +119,17 @@ def plot(results: Mapping[str, ResultLike], out_dir: Path, slo_ttft_s: float) ->
 
     fig, ax = plt.subplots(figsize=(7, 4))
     for name in names:
-        ttft = np.sort(np.asarray(results[name].ttft_s)[np.isfinite(results[name].ttft_s)])
+        ttft = np.asarray(results[name].ttft_s)
+        ttft = ttft[np.isfinite(ttft)]
         if ttft.size:
-            ax.plot(ttft, np.arange(1, ttft.size + 1) / ttft.size, lw=1.2, label=name)
+            levels = np.linspace(0.0, 1.0, 1001)
+            ax.plot(np.quantile(ttft, levels), levels, lw=1.2, label=name)
     ax.axvline(slo_ttft_s, color="red", ls=":", lw=1.0)
     ax.axhline(0.95, color="grey", ls=":", lw=0.8)
     ax.set_xscale("log")
     ax.set_xlabel("TTFT (s)")
     ax.set_ylabel("fraction of requests")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="lower right")
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(out_dir / "ttft_cdf.png", dpi=90)

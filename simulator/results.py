@@ -109,6 +109,10 @@ class RequestLog:
 
     def __post_init__(self) -> None:
         n = self.arrival_s.size
+        # Python-list mirrors for the hot loop's scalar reads (numpy scalar access is slower)
+        self.arrival_l: list[float] = self.arrival_s.tolist()
+        self.input_l: list[int] = self.input_tokens.tolist()
+        self.tokens_l: list[int] = (self.input_tokens + self.output_tokens).tolist()
         self.first_scheduled_s = np.full(n, np.nan)
         self.first_token_s = np.full(n, np.nan)
         self.finish_s = np.full(n, np.nan)

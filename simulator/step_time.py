@@ -41,12 +41,17 @@ class StepTimeModel(Protocol):
         ...
 
 
-@dataclass(frozen=True)
 class DecodeRun:
-    """Step ``i`` (0-based) of a constant decode batch takes ``first_s + growth_s * i`` seconds."""
+    """Step ``i`` (0-based) of a constant decode batch takes ``first_s + growth_s * i`` seconds.
 
-    first_s: float
-    growth_s: float
+    A plain slotted class, not a dataclass: the engine makes one per decode run, in its hot loop.
+    """
+
+    __slots__ = ("first_s", "growth_s")
+
+    def __init__(self, first_s: float, growth_s: float) -> None:
+        self.first_s = first_s
+        self.growth_s = growth_s
 
     def total(self, k: int) -> float:
         """Seconds taken by the first ``k`` steps."""

@@ -24,7 +24,7 @@ import numpy as np
 
 @dataclass(frozen=True, eq=False)
 class Workload:
-    """Requests as parallel arrays, ``arrival_s`` sorted and starting at 0.
+    """Requests as parallel, read-only arrays, ``arrival_s`` sorted and starting at 0.
 
     ``block_ids``/``block_offsets`` (optional, CSR layout): request ``i``'s prefix blocks are
     ``block_ids[block_offsets[i]:block_offsets[i + 1]]``, each naming ``block_tokens`` tokens of its
@@ -54,7 +54,7 @@ class Workload:
                              f"input_tokens {inp.shape}, output_tokens {out.shape}")
         if n and not np.isfinite(arrival).all():
             raise ValueError("Workload.arrival_s must be finite")
-        if n and (arrival[0] < 0 or (np.diff(arrival) < 0).any()):
+        if n and (arrival[0] < 0 or (arrival[1:] < arrival[:-1]).any()):
             raise ValueError("Workload.arrival_s must be sorted and >= 0")
         for fname, arr in (("input_tokens", inp), ("output_tokens", out)):
             if n and arr.min() < 1:
@@ -73,9 +73,12 @@ class Workload:
             raise ValueError(f"Workload.block_tokens must be a positive int, got {self.block_tokens!r}")
         if not math.isfinite(self.origin_s):
             raise ValueError(f"Workload.origin_s must be finite, got {self.origin_s!r}")
-        object.__setattr__(self, "arrival_s", arrival)
-        object.__setattr__(self, "input_tokens", inp)
-        object.__setattr__(self, "output_tokens", out)
+        for fname, arr in (("arrival_s", arrival), ("input_tokens", inp), ("output_tokens", out),
+                           ("block_ids", self.block_ids), ("block_offsets", self.block_offsets)):
+            if arr is not None:  # read-only views: a frozen workload, and no copy of a 27 M-row trace
+                view = arr.view()
+                view.flags.writeable = False
+                object.__setattr__(self, fname, view)
 
     def __len__(self) -> int:
         return int(self.arrival_s.size)
@@ -151,10 +154,10 @@ def from_unsorted(arrival_s: np.ndarray, input_tokens: np.ndarray, output_tokens
     the first arrival. Block arrays, when given, are reordered with the requests.
     """
     arrival = np.asarray(arrival_s, dtype=np.float64)
-    order = None if arrival.size < 2 or not (np.diff(arrival) < 0).any() else np.argsort(arrival, kind="stable")
+    order = None if not (arrival[1:] < arrival[:-1]).any() else np.argsort(arrival, kind="stable")
     start = float(arrival.min()) if arrival.size else 0.0
     origin = float(fields.pop("origin_s", 0.0)) + start  # type: ignore[arg-type]
-    shifted = arrival - start
+    shifted = arrival - start if start != 0.0 else arrival
     if order is None:
         return Workload(shifted, input_tokens, output_tokens, origin_s=origin, **fields)  # type: ignore[arg-type]
     raw = Workload(np.zeros(arrival.size), input_tokens, output_tokens, origin_s=origin, **fields)  # type: ignore[arg-type]

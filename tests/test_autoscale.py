@@ -223,10 +223,23 @@ def test_bad_slo_is_named() -> None:
         run_autoscaled(ramp_workload(), Profile(), "fixed:1", "fixed:1", 0, 0, backend_factory=QueueBackend)
 
 
-def test_control_config_of_leadscale_leaves_scale_down_to_the_policy() -> None:
-    lead = leadscale()
-    assert lead.control.scale_down.stabilization_window_s == 0 and lead.control.scale_down.tolerance == 0
-    assert isinstance(lead.control, ControlConfig)
+def test_leadscale_runs_under_the_charts_scaled_object() -> None:
+    """The simulated KEDA/HPA settings of leadscale are the chart's example ScaledObject, value for value."""
+    import yaml
+    from conftest import ROOT
+
+    so = yaml.safe_load((ROOT / "charts" / "leadscale" / "values.yaml").read_text())["scaledObject"]
+    c = leadscale().control
+    assert isinstance(c, ControlConfig)
+    assert (c.polling_interval_s, c.cooldown_period_s) == (so["pollingInterval"], so["cooldownPeriod"])
+    assert (c.fallback_failure_threshold, c.fallback_replicas, c.fallback_behavior) == (
+        so["fallback"]["failureThreshold"], so["fallback"]["replicas"], so["fallback"]["behavior"])
+    assert c.scale_up.tolerance == c.scale_down.tolerance == float(so["tolerance"])
+    for rules, spec in ((c.scale_up, so["behavior"]["scaleUp"]), (c.scale_down, so["behavior"]["scaleDown"])):
+        assert rules.stabilization_window_s == spec["stabilizationWindowSeconds"]
+        assert rules.select_policy == spec["selectPolicy"]
+        assert sorted((p.type, p.value, p.period_s) for p in rules.policies) == sorted(
+            (p["type"], p["value"], p["periodSeconds"]) for p in spec["policies"])
 
 
 def test_compare_and_report_write_the_table_and_plots(tmp_path) -> None:
@@ -244,3 +257,51 @@ def test_compare_and_report_write_the_table_and_plots(tmp_path) -> None:
     assert "<table>" in paths["html"].read_text()
     assert markdown_table(results).count("\n") == 3
     assert _clean({"x": float("nan"), "y": np.float64(2.0), "z": [np.int64(3)]}) == {"x": None, "y": 2.0, "z": [3]}
+
+
+def test_profile_keys_name_a_known_profile_or_spell_out_the_capacity() -> None:
+    from simulator.autoscale import profile_keys
+
+    keys = profile_keys(Profile(), 2.0)
+    assert isinstance(keys, dict) and float(keys["prefillTokensPerSecond"]) == CAP.prefill_tokens_per_s
+    assert keys["maxNumSeqs"] == "64"
+    profiles = pytest.importorskip("simulator.profiles")
+    assert profile_keys(profiles.get_profile("h100-llama3-8b"), 2.0) == "h100-llama3-8b"
+
+
+def real_inputs(seconds: float = 300.0, load: float = 4.0):
+    from conftest import TRACES, require
+
+    trace = TRACES / "azure_conv_2023.csv"
+    require(trace.is_file(), f"the shared trace {trace}")
+    from simulator import workload as wl
+    from simulator.profiles import get_profile
+    from simulator.readers import load_trace
+
+    w = wl.select_window(load_trace(trace), 0.0, seconds)
+    return wl.load_scale(w, load, np.random.default_rng(0)), get_profile("h100-llama3-8b")
+
+
+@pytest.mark.slow
+def test_real_engine_runs_the_loop_deterministically() -> None:
+    workload, profile = real_inputs()
+    a = run_autoscaled(workload, profile, "leadscale", "fixed:60", 2.0, 7)
+    b = run_autoscaled(workload, profile, "leadscale", "fixed:60", 2.0, 7)
+    assert a.summary["requests"] == len(workload.arrival_s)
+    for key in ("gpu_hours", "ttft_p95", "scale_events", "max_replicas", "mean_replicas", "rejected", "aborted"):
+        assert a.summary[key] == b.summary[key], key
+    assert a.decisions and a.decisions == b.decisions
+    assert a.decisions[-1][2]["lead_time_s"] >= 0
+
+
+@pytest.mark.slow
+def test_real_engine_scales_a_short_fleet_and_pays_its_cold_starts() -> None:
+    workload, profile = real_inputs(150.0, 6.0)
+    fixed = run_autoscaled(workload, profile, "fixed:1", "fixed:60", 2.0, 1)
+    assert fixed.summary["max_replicas"] == 1 and fixed.summary["scale_events"] == 0
+    # one replica for 8x the load: the gateway and the replica queue; the HPA would have helped
+    scaled = run_autoscaled(workload, profile, "waiting-requests", "fixed:60", 2.0, 1, initial_replicas=1,
+                            drain_grace_s=0.0)
+    assert scaled.summary["max_replicas"] > 1 and scaled.summary["scale_events"] >= 1
+    assert scaled.summary["gpu_hours"] > fixed.summary["gpu_hours"]
+    assert scaled.summary["pods_started"] > 1

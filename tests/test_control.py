@@ -196,3 +196,16 @@ def test_a_new_hpa_does_not_scale_down_before_its_window_has_passed() -> None:
     assert h.sync(0, 6, 0.0) == 6      # seeded with the current size (maybeInitScaleDownStabilizationWindow)
     assert h.sync(285, 6, 0.0) == 6
     assert h.sync(300, 6, 0.0) == 1
+
+
+@pytest.mark.parametrize(
+    ("behavior", "current", "expected"),
+    [("static", 2, 6), ("currentReplicas", 2, 2), ("currentReplicasIfHigher", 8, 8), ("currentReplicasIfHigher", 2, 6),
+     ("currentReplicasIfLower", 8, 6), ("currentReplicasIfLower", 2, 2)],
+)
+def test_fallback_behaviors(behavior: str, current: int, expected: int) -> None:
+    cfg = ControlConfig(fallback_failure_threshold=1, fallback_replicas=6, fallback_behavior=behavior,
+                        max_replicas=20, scale_down=NO_WINDOW_DOWN)
+    assert loop(cfg, lambda now: None, lambda now: True).sync(0, current) == expected
+    with pytest.raises(ValueError, match="fallback_behavior='sometimes'"):
+        ControlConfig(fallback_behavior="sometimes")

@@ -7,6 +7,7 @@ import logging
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import pytest
 
@@ -179,7 +180,7 @@ def test_idle_objects_are_dropped_with_their_metrics() -> None:
     registry = ev.telemetry.registry
     assert registry.get_sample_value("leadscale_desired_replicas", OBJ) is not None
     clock.t += 30
-    ev.touch("llm", "chat", META)
+    ev.lookup("llm", "chat", META)  # asking (an open stream asks every second) keeps it
     clock.t += 40
     ev.run_once()
     assert [d["name"] for d in ev.snapshot()] == ["chat"]
@@ -196,6 +197,7 @@ class View:
     lead_time_s: float | None = None
     min_replicas: int | None = None
     max_replicas: int | None = None
+    scrape_urls: tuple[str, ...] = ()
 
 
 class Kube:
@@ -303,3 +305,51 @@ def test_changed_metadata_exports_one_series_per_trigger_newest_first() -> None:
 def test_bad_evaluator_settings_name_the_field(field_name: str, value: float) -> None:
     with pytest.raises(ValueError, match=f"{field_name}="):
         Evaluator(**{field_name: value})  # type: ignore[arg-type]
+
+
+class Recorder:
+    """A scrape-source stand-in that remembers how it was built and asked."""
+
+    built: ClassVar[list[tuple[str, ...]]] = []
+
+    def __init__(self, urls: tuple[str, ...], with_setter: bool = False) -> None:
+        self.urls = urls
+        Recorder.built.append(urls)
+        if with_setter:
+            self.set_urls = lambda new: setattr(self, "urls", new)  # type: ignore[method-assign]
+
+    def fetch(self, targets: Sequence[Target], now: float) -> dict[Target, Signals | SourceError]:
+        return {t: SourceError(f"scraped {','.join(self.urls)}") for t in targets}
+
+
+@pytest.mark.parametrize("with_setter", [False, True], ids=["rebuild", "set-urls"])
+def test_discovered_scrape_follows_the_ready_pods(with_setter: bool) -> None:
+    from scaler.evaluator_kube import DiscoveredScrape
+
+    Recorder.built = []
+    kube = Kube(View())
+    source = DiscoveredScrape(kube, "llm", "chat", make_source=lambda urls: Recorder(urls, with_setter))
+    target = Target("llama")
+    assert "no ready pod of llm/chat" in str(source.fetch([target], 0.0)[target])
+    kube.view.scrape_urls = ("http://10.0.0.1:8000/metrics",)  # type: ignore[union-attr]
+    assert "scraped http://10.0.0.1:8000/metrics" in str(source.fetch([target], 1.0)[target])
+    source.fetch([target], 2.0)
+    kube.view.scrape_urls = ("http://10.0.0.1:8000/metrics", "http://10.0.0.2:8000/metrics")  # type: ignore[union-attr]
+    assert "10.0.0.2" in str(source.fetch([target], 3.0)[target])
+    assert len(Recorder.built) == (1 if with_setter else 2), "a new source only when it cannot follow the pods"
+    kube.fail = True
+    assert "observer failed: ConnectionError" in str(source.fetch([target], 4.0)[target])
+
+
+def test_kubernetes_discovery_scrapes_a_real_pod_without_prometheus() -> None:
+    from support.vllm_exporter import VllmExporter
+
+    with VllmExporter(model="llama") as pod:
+        pod.set_load(prompt_tokens_per_s=16000, generation_tokens_per_s=4000)
+        pod.set_queue(waiting=2, running=20, kv_usage=0.5)
+        view = View(ready_replicas=1, scrape_urls=(pod.url,))
+        ev = Evaluator(kube=Kube(view), telemetry=Telemetry())  # no Prometheus, no static scrape targets
+        answer = ev.lookup("llm", "chat", META)
+        assert answer.active and answer.desired_replicas >= 2
+        assert ev.snapshot()[0]["terms"]["ready_replicas"] == 1.0
+        ev.stop()

@@ -40,16 +40,24 @@ def test_pods_are_ready_exactly_when_needed() -> None:
     replicas = np.array([1, 1, 3, 3, 1])
     draws = iter([50.0, 70.0])
     plans = plan_pods(replicas, 30.0, lambda: next(draws), bridge_s=100.0)
-    warm = [p for p in plans if p.warm]
-    cold = sorted((p for p in plans if not p.warm), key=lambda p: p.cold_start_s)
-    assert len(warm) == 1 and warm[0].delete_at == 150.0
-    assert [(p.create_at, p.ready_at, p.delete_at) for p in cold] == [(10.0, 60.0, 120.0), (0.0, 60.0, 120.0)]
-    assert replica_seconds(plans, 150.0) == pytest.approx(150 + 110 + 120)
+    warm = sorted((p for p in plans if p.warm), key=lambda p: p.delete_at)
+    cold = [p for p in plans if not p.warm]
+    # the 70 s pod would have to start before t = 0: it joins the warm fleet instead
+    assert [(p.create_at, p.ready_at, p.delete_at) for p in warm] == [(0.0, 0.0, 120.0), (0.0, 0.0, 150.0)]
+    assert [(p.create_at, p.ready_at, p.delete_at) for p in cold] == [(10.0, 60.0, 120.0)]
+    assert replica_seconds(plans, 150.0) == pytest.approx(150 + 120 + 110)
 
 
 def test_alpha_bisection_finds_the_threshold() -> None:
     assert search_alpha(lambda a: a >= 1.3, steps=8) == pytest.approx(1.3, abs=0.01)
-    assert search_alpha(lambda a: False) == 2.5
-    assert search_alpha(lambda a: True) == 0.6
+    assert search_alpha(lambda a: a >= 0.8, steps=8) == pytest.approx(0.8, abs=0.01)
+    tried: list[float] = []
+    assert search_alpha(lambda a: tried.append(a) or False) == 2.5
+    assert tried[-1] == 2.5 and len(tried) == 6  # start, 4 halvings, then high itself
+    tried.clear()
+    assert search_alpha(lambda a: tried.append(a) or True) == pytest.approx(0.625)
+    assert len(tried) == 5
+    with pytest.raises(ValueError, match="low=2"):
+        search_alpha(lambda a: True, low=2.0)
     with pytest.raises(ValueError, match="alpha=0"):
         replicas_per_bucket(np.array([1.0]), 0)

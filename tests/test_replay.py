@@ -97,13 +97,17 @@ class FakeOpenAI(BaseHTTPRequestHandler):
         self.wfile.flush()
 
 
-@pytest.fixture(scope="module")
-def fake_url() -> Iterator[str]:
+def _serve() -> tuple[ThreadingHTTPServer, str]:
     server = ThreadingHTTPServer(("127.0.0.1", 0), FakeOpenAI)
     server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}"
+
+
+@pytest.fixture(scope="module")
+def fake_url() -> Iterator[str]:
+    server, url = _serve()
+    yield url
     server.shutdown()
 
 
@@ -152,6 +156,18 @@ def test_dead_endpoint_is_refused_and_round_robin_spreads(fake_url: str, tmp_pat
     assert summary["completed"] == 2 and summary["refused"] == 2
     timeline = load_timeline(tmp_path / "metrics.jsonl")
     assert any(not line["ok"] and line["endpoint"] == dead for line in timeline)
+
+
+def test_least_outstanding_spreads_a_burst(fake_url: str, tmp_path: Path) -> None:
+    second, url2 = _serve()
+    try:
+        cfg = ReplayConfig(endpoints=(fake_url, url2), routing="least-outstanding")
+        summary = _run(cfg, tmp_path, [0.0] * 6, [10] * 6, [30] * 6)
+    finally:
+        second.shutdown()
+    assert summary["completed"] == 6
+    ends = [r.endpoint for r in read_records(tmp_path / "requests.csv")]
+    assert ends.count(fake_url) == ends.count(url2) == 3
 
 
 def test_concurrency_guard_delays_sends(fake_url: str, tmp_path: Path) -> None:
@@ -265,3 +281,14 @@ def test_ctrl_c_writes_partial_results(fake_url: str, tmp_path: Path) -> None:
     summary = json.loads((out / "summary.json").read_text())
     assert summary["interrupted"] is True
     assert (summary["completed"], summary["cancelled"], summary["not_sent"]) == (1, 1, 1)
+
+
+def test_summary_has_every_simulator_key(fake_url: str, tmp_path: Path) -> None:
+    from simulator.engine import simulate
+    from simulator.profiles import get_profile
+    from simulator.workload import Workload
+
+    w = Workload(np.array([0.0, 0.5]), np.array([10, 20]), np.array([5, 6]))
+    simulated = set(simulate(w, get_profile("h100-llama3-8b")).summary()) - {"profile"}
+    replayed = _run(ReplayConfig(endpoints=(fake_url,)), tmp_path, [0.0, 0.1], [10, 20], [5, 6])
+    assert simulated <= set(replayed), sorted(simulated - set(replayed))

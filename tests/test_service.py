@@ -84,6 +84,12 @@ def test_get_metrics_sends_desired_replicas_in_both_fields(harness: Harness) -> 
                                                                              float(expected))
 
 
+def test_an_idle_model_measured_as_idle_gets_zero_in_both_fields(harness: Harness) -> None:
+    value = harness.stub.GetMetrics(pb.GetMetricsRequest(scaledObjectRef=ref("quiet", model="idle")),
+                                    timeout=3).metricValues[0]
+    assert (value.metricName, value.metricValue, value.metricValueFloat) == ("leadscale-idle", 0, 0.0)
+
+
 def test_is_active_follows_demand(harness: Harness) -> None:
     assert harness.stub.IsActive(ref(), timeout=3).result is True
     assert harness.stub.IsActive(ref("quiet", model="idle"), timeout=3).result is False

@@ -44,6 +44,8 @@ def test_arrays_are_columnar_and_typed() -> None:
     assert w.arrival_s.dtype == np.float64 and w.input_tokens.dtype == np.int64 and len(w) == 2
     assert w.duration_s == 1.0 and not w.has_blocks and w.blocks(0).size == 0
     assert "requests=2" in repr(w)
+    with pytest.raises(ValueError, match="read-only"):
+        w.arrival_s[0] = 5.0  # a frozen workload: transforms make new ones
 
 
 def test_from_unsorted_sorts_stably_and_keeps_origin() -> None:

@@ -22,6 +22,7 @@ import atexit
 import contextlib
 import importlib.util
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -88,6 +89,13 @@ class VllmServer:
         self.stop()
         raise RuntimeError(f"vLLM not healthy after {timeout_s:.0f} s:\n{self.log_tail()}")
 
+    def warm_up(self) -> None:
+        """A few requests of growing length, so first-use compilation does not land in a measurement."""
+        with httpx.Client(base_url=self.url, timeout=120.0) as client:
+            for words in (8, 100, 600, 1500):
+                client.post("/v1/completions", json={"model": self.served_model_name, "prompt": " the" * words,
+                                                     "max_tokens": 16, "ignore_eos": True, "stream": True})
+
     def log_tail(self, chars: int = 4000) -> str:
         try:
             return self.log_path.read_text(errors="replace")[-chars:]
@@ -136,9 +144,12 @@ def shared_vllm() -> VllmServer:
     server = VllmServer(model_dir)
     try:
         server.start()
-    except RuntimeError as exc:
+        server.warm_up()
+    except (RuntimeError, httpx.HTTPError) as exc:
         _SHARED_ERROR = str(exc)
-        raise
+        server.stop()
+        raise RuntimeError(_SHARED_ERROR) from exc
+    atexit.register(shutil.rmtree, model_dir, True)
     atexit.register(server.stop)
     _SHARED = server
     return server

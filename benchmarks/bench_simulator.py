@@ -1,0 +1,107 @@
+"""Simulator speed: simulated requests per CPU second, side by side with ``vllm-sr-sim``.
+
+Both simulate ``--requests`` Poisson arrivals at ``--rate`` req/s on a fixed fleet of ``--replicas``
+GPUs with chat-like lengths:
+
+- ``leadscale``: ``simulator.engine.simulate`` on ``builtin:poisson`` (lognormal lengths: prompt mean
+  1155 / median 512, output mean 211 / median 128), profile ``--profile``: vLLM v1 step rules per
+  replica (chunked prefill, paged KV, preemption, least-outstanding-tokens routing);
+- ``vllm-sr-sim``: ``vllm-sr-sim simulate --cdf azure_cdf.json --lam RATE --n-s REPLICAS --n-l 0
+  --n-req REQUESTS`` (its bundled Azure length CDF), run as a subprocess; its CPU time is the child's
+  user + system time minus a bare ``import`` of its package (start-up), reported separately.
+
+Requests per CPU second for each (best of ``--repeat``) and the ratio leadscale / vllm-sr-sim. CPU
+time, not wall time: the machine is shared. ``pip install vllm-sr-sim`` (the ``bench`` extra) for the
+peer; without it only leadscale's number is printed.
+
+    python benchmarks/bench_simulator.py                       # 100k requests, 10 replicas
+    python benchmarks/bench_simulator.py --rate 300 --json     # a busier fleet
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def bench_leadscale(requests: int, rate: float, replicas: int, profile: str, repeat: int) -> dict[str, float]:
+    from simulator.engine import simulate
+    from simulator.profiles import get_profile
+    from simulator.synthetic import builtin
+
+    w = builtin("poisson", seed=0, rate=rate, duration=requests / rate)
+    prof = get_profile(profile)
+    best, summary = float("inf"), {}
+    for _ in range(repeat):
+        cpu = time.process_time()
+        res = simulate(w, prof, replicas=replicas)
+        best = min(best, time.process_time() - cpu)
+        summary = res.summary()
+    return {"requests": len(w), "cpu_s": best, "requests_per_cpu_s": len(w) / best,
+            "completed": summary["completed"], "ttft_p99": summary["ttft_p99"], "kv_usage_max": summary["kv_usage_max"],
+            "simulated_s": summary["duration_s"]}
+
+
+def _child_cpu(cmd: list[str]) -> float:
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def bench_vllm_sr_sim(requests: int, rate: float, replicas: int, repeat: int) -> dict[str, float] | None:
+    exe = shutil.which("vllm-sr-sim")
+    if exe is None:
+        return None
+    import fleet_sim  # the package vllm-sr-sim installs
+
+    cdf = Path(fleet_sim.__file__).parent / "data" / "azure_cdf.json"
+    cmd = [exe, "simulate", "--cdf", str(cdf), "--lam", str(rate), "--n-s", str(replicas), "--n-l", "0",
+           "--n-req", str(requests), "--seed", "0"]
+    startup = min(_child_cpu([sys.executable, "-c", "import fleet_sim.core, fleet_sim.optimizer"])
+                  for _ in range(repeat))
+    best = min(_child_cpu(cmd) for _ in range(repeat))
+    cpu = max(best - startup, 1e-9)
+    return {"requests": requests, "cpu_s": cpu, "startup_cpu_s": startup, "requests_per_cpu_s": requests / cpu}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--requests", type=int, default=100_000)
+    parser.add_argument("--rate", type=float, default=100.0, help="arrivals per second (default 100)")
+    parser.add_argument("--replicas", type=int, default=10)
+    parser.add_argument("--profile", default="h100-llama3-8b")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    ours = bench_leadscale(args.requests, args.rate, args.replicas, args.profile, args.repeat)
+    peer = bench_vllm_sr_sim(args.requests, args.rate, args.replicas, args.repeat)
+    out = {"leadscale": ours, "vllm-sr-sim": peer,
+           "ratio": ours["requests_per_cpu_s"] / peer["requests_per_cpu_s"] if peer else None,
+           "setup": {"requests": args.requests, "rate": args.rate, "replicas": args.replicas, "profile": args.profile}}
+    if args.json:
+        print(json.dumps(out, indent=2))
+        return 0
+    print(f"{args.requests} requests at {args.rate:g}/s on {args.replicas} replicas ({args.profile})")
+    print(f"  leadscale   {ours['requests_per_cpu_s']:10.0f} req/CPU-s  ({ours['cpu_s']:.2f} s; ttft p99 "
+          f"{ours['ttft_p99']:.3f} s, kv max {ours['kv_usage_max']:.2f})")
+    if peer:
+        print(f"  vllm-sr-sim {peer['requests_per_cpu_s']:10.0f} req/CPU-s  ({peer['cpu_s']:.2f} s after "
+              f"{peer['startup_cpu_s']:.2f} s start-up)")
+        print(f"  ratio       {out['ratio']:.2f}x")
+    else:
+        print("  vllm-sr-sim not installed (pip install vllm-sr-sim): no ratio")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

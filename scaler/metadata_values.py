@@ -1,0 +1,115 @@
+"""Typed reads of string-valued config maps that collect problems instead of raising.
+
+KEDA passes trigger metadata as strings; ``Reader`` turns them into numbers, integers, durations and
+URLs, records every ``Problem`` (key, value given, what is allowed) and returns the default, so a
+parser can report all problems at once. ``scaler.metadata`` is the one user.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+_KINDS = {"number": "a number", "integer": "an integer", "duration": "seconds (a plain number, or with unit ms/s/m/h)"}
+_DURATION = re.compile(r"([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*(ms|s|m|h)?")
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One bad key: its name, the value given (None: missing) and what is allowed."""
+
+    key: str
+    value: str | None
+    allowed: str
+
+    def __str__(self) -> str:
+        given = "missing" if self.value is None else f"got {self.value!r}"
+        return f"{self.key}: {given}; allowed: {self.allowed}"
+
+
+class Reader:
+    """Typed reads of one metadata map (strings only) that record problems instead of raising."""
+
+    def __init__(self, raw: Mapping[str, str]) -> None:
+        self.raw = raw
+        self.problems: list[Problem] = []
+
+    def problem(self, key: str, value: str | None, allowed: str) -> None:
+        self.problems.append(Problem(key, value, allowed))
+
+    def text(self, key: str, required: bool = False) -> str | None:
+        """The stripped value; empty counts as unset (blank but non-empty, or missing when required: a problem)."""
+        value = self.raw.get(key)
+        if value is None or not value.strip():
+            if required or value:
+                self.problem(key, value, "a non-empty string")
+            return None
+        return value.strip()
+
+    def number(self, key: str, default: Any, low: float | None = None, high: float | None = None,
+               low_open: bool = False, required: bool = False, kind: str = "number", extra: str = "") -> Any:
+        """A finite number of ``kind`` (number, integer, duration) in range, else ``default`` and a problem."""
+        text = self.text(key, required=required)
+        if text is None:
+            return default
+        value = _convert(text, kind)
+        if value is None or not _in_range(value, low, low_open, high):
+            self.problem(key, text, f"{_range_text(_KINDS[kind], low, low_open, high)} {extra}".strip())
+            return default
+        return value
+
+    def url(self, key: str) -> str | None:
+        text = self.text(key)
+        if text is not None and not _is_url(text):
+            self.problem(key, text, "an http:// or https:// URL with a host and no query")
+            return None
+        return text.rstrip("/") if text and urlsplit(text).path in ("", "/") else text
+
+    def url_list(self, key: str) -> tuple[str, ...]:
+        text = self.text(key)
+        items = tuple(item.strip() for item in (text or "").split(",") if item.strip())
+        if not all(_is_url(item) for item in items):
+            self.problem(key, text, "comma-separated http(s):// URLs of pods' /metrics")
+            return ()
+        return items
+
+
+def _is_url(text: str) -> bool:
+    try:
+        parts = urlsplit(text)
+    except ValueError:  # e.g. an unclosed IPv6 bracket
+        return False
+    return parts.scheme in ("http", "https") and bool(parts.hostname) and not parts.query and not parts.fragment
+
+
+def _convert(text: str, kind: str) -> float | int | None:
+    if kind == "integer":
+        return int(text) if re.fullmatch(r"[+-]?[0-9]{1,12}", text) else None
+    if kind == "duration":
+        match = _DURATION.fullmatch(text)
+        return float(match.group(1)) * DURATION_UNITS[match.group(2) or "s"] if match else None
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def _in_range(value: float, low: float | None, low_open: bool, high: float | None) -> bool:
+    if not math.isfinite(value):
+        return False
+    if low is not None and (value <= low if low_open else value < low):
+        return False
+    return high is None or value <= high
+
+
+def _range_text(kind: str, low: float | None, low_open: bool, high: float | None) -> str:
+    parts = [] if low is None else [f"{'>' if low_open else '>='} {low:g}"]
+    if high is not None:
+        parts.append(f"<= {high:g}")
+    return kind + (" " + " and ".join(parts) if parts else "")

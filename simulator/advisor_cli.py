@@ -1,0 +1,219 @@
+"""``leadscale tune`` and ``leadscale advise``: settings for your traffic, with the evidence.
+
+``leadscale tune --trace T --profile P --slo-ttft 2 [--cold-start SPEC] [--trials N] --out DIR [--json]``
+takes every workload, profile, SLO and seed flag of ``simulate``, searches leadscale's settings and
+the HPA behavior (``simulator.tuner``), and writes into DIR: ``report.md``, ``report.html`` and PNGs,
+``scaledobject.yaml`` (apply it), ``values.yaml`` (``helm install -f`` for charts/leadscale) and
+``recommendation.json`` (what ``--json`` prints).
+
+``leadscale advise --prometheus URL --model NAME [--since 7d] [--step 60] [--span 4h] --out DIR``
+rebuilds the workload from that Prometheus' vLLM history (``simulator.history``), keeps its busiest
+``--span``, then tunes and reports exactly like ``tune`` (plus what was read: resets, gaps).
+
+Examples::
+
+    leadscale tune --trace ../shared/traces/azure_conv_2023.csv --load-scale 20 --trials 40 --out tuned
+    leadscale advise --prometheus http://prometheus.monitoring:9090 --model llama3-8b --since 7d --out advice
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+DEFAULT_COLD_START = "lognormal:p50=120,p90=240"
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a number in (0, 1]") from None
+    if not (0 < value <= 1):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a number in (0, 1]")
+    return value
+
+
+def _count(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected an integer >= 1")
+    return int(text)
+
+
+def add_tune_arguments(parser: argparse.ArgumentParser, model_required: bool = False) -> None:
+    """The search, robustness and manifest flags shared by tune and advise."""
+    g = parser.add_argument_group("search")
+    g.add_argument("--cold-start", default=DEFAULT_COLD_START, help=f"cold-start spec (default {DEFAULT_COLD_START})")
+    g.add_argument("--trials", type=_count, default=30, help="optuna trials on the search window (default 30)")
+    g.add_argument("--target", type=_fraction, default=0.99, help="SLO attainment to meet (default 0.99)")
+    g.add_argument("--holdout", type=_fraction, default=0.3,
+                   help="fraction of the time, at the end, held out from the search (default 0.3)")
+    g.add_argument("--seeds", type=_count, default=3, help="seeds per shortlisted candidate (default 3)")
+    g.add_argument("--top", type=_count, default=3, help="candidates re-evaluated for robustness (default 3)")
+    g.add_argument("--baselines", default="waiting-requests,kv-cache,saturation,leadscale",
+                   help="policies compared on the held-out window ('leadscale' = untuned defaults; also oracle)")
+    g.add_argument("--jobs", type=int, default=0, help="parallel processes (default: one per core)")
+    g.add_argument("--batch", type=_count, default=2,
+                   help="trials asked per round (default 2); results depend on it, not on --jobs")
+    g.add_argument("--min-replicas", type=int, default=1, help="minReplicaCount (default 1)")
+    g.add_argument("--max-replicas", type=int, default=100, help="maxReplicaCount (default 100)")
+    m = parser.add_argument_group("manifests")
+    if model_required:
+        m.add_argument("--model", required=True, help="vLLM served model name (the model_name label)")
+    else:
+        m.add_argument("--model", default="my-model", help="vLLM served model name for the manifests")
+    m.add_argument("--deployment", default="vllm", help="the vLLM Deployment to scale (default vllm)")
+    m.add_argument("--namespace", default="default", help="its namespace (default default)")
+    m.add_argument("--scaler-address", default="leadscale.keda.svc.cluster.local:9090",
+                   help="host:port of the leadscale service, as KEDA reaches it")
+    parser.add_argument("--out", required=True, metavar="DIR", help="directory for the report and manifests")
+    parser.add_argument("--json", action="store_true", help="print the recommendation and its evidence as JSON")
+
+
+def register(subparsers: Any) -> None:
+    from simulator.cli import add_run_arguments
+
+    tune = subparsers.add_parser("tune", help="tune leadscale's settings on a trace (simulated)",
+                                 description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_run_arguments(tune)
+    add_tune_arguments(tune)
+    tune.set_defaults(func=run_tune)
+    advise = subparsers.add_parser("advise", help="tune leadscale's settings from Prometheus history",
+                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = advise.add_argument_group("history")
+    p.add_argument("--prometheus", required=True, metavar="URL", help="Prometheus holding the vLLM metrics")
+    p.add_argument("--since", default="7d", help="how far back to read (default 7d)")
+    p.add_argument("--until", type=float, default=None, metavar="UNIX_S", help="end of the range (default now)")
+    p.add_argument("--step", default="60", help="resolution of the range queries (default 60 s)")
+    p.add_argument("--span", default="4h", help="simulate the busiest span of this length (default 4h)")
+    p.add_argument("--label", action="append", default=[], metavar="NAME=VALUE",
+                   help="extra label matcher, e.g. namespace=llm (repeatable)")
+    p.add_argument("--profile", default="h100-llama3-8b", help="performance profile (default h100-llama3-8b)")
+    p.add_argument("--slo-ttft", type=float, default=2.0, help="TTFT SLO, seconds (default 2)")
+    p.add_argument("--slo-tpot", type=float, default=0.1, help="TPOT SLO, seconds (default 0.1)")
+    p.add_argument("--seed", type=int, default=0, help="seed of every random draw (default 0)")
+    add_tune_arguments(advise, model_required=True)
+    advise.set_defaults(func=run_advise)
+
+
+def run_tune(args: argparse.Namespace) -> int:
+    from simulator.cli import build_run_inputs
+
+    try:
+        inputs = build_run_inputs(args)
+        return _tune_and_write(args, inputs.workload, inputs.profile, inputs.slo_ttft_s, inputs.slo_tpot_s,
+                               inputs.seed, "leadscale tune", None)
+    except (ValueError, KeyError, OSError) as exc:
+        print(f"leadscale tune: {exc.args[0] if isinstance(exc, KeyError) else exc}", file=sys.stderr)
+        return 2
+
+
+def run_advise(args: argparse.Namespace) -> int:
+    from simulator import history
+    from simulator.profiles import get_profile
+
+    try:
+        since = history.parse_duration(args.since, "--since")
+        step = history.parse_duration(args.step, "--step")
+        span = history.parse_duration(args.span, "--span")
+        labels = []
+        for item in args.label:
+            name, sep, value = item.partition("=")
+            if not sep or not name.strip() or not value.strip():
+                raise ValueError(f"--label {item!r}: expected NAME=VALUE, e.g. namespace=llm")
+            labels.append((name.strip(), value.strip()))
+        for flag, value in (("--slo-ttft", args.slo_ttft), ("--slo-tpot", args.slo_tpot)):
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{flag} {value!r}: expected a finite number of seconds > 0")
+        profile = get_profile(args.profile)
+        end = args.until if args.until is not None else time.time()
+        request = history.HistoryRequest(args.prometheus, args.model, end - since, end, step_s=step,
+                                         label_matchers=tuple(labels))
+        _say(args, f"reading {args.model} from {args.prometheus}: {since:g} s at {step:g} s steps")
+        found = history.fetch_history(request)
+        workload = busiest(found.synthesize(seed=args.seed), span)
+        report = {**found.report(), "simulated_window": workload.name, "simulated_requests": len(workload)}
+        return _tune_and_write(args, workload, profile, args.slo_ttft, args.slo_tpot, args.seed, "leadscale advise",
+                               report)
+    except (ValueError, KeyError, OSError, history.HistoryError) as exc:
+        print(f"leadscale advise: {exc.args[0] if isinstance(exc, KeyError) else exc}", file=sys.stderr)
+        return 2
+
+
+def busiest(workload: Any, span_s: float) -> Any:
+    """The ``span_s`` window with the most requests (the whole workload when shorter)."""
+    import numpy as np
+
+    from simulator.workload import select_window
+
+    if workload.duration_s <= span_s:
+        return workload
+    starts = workload.arrival_s
+    counts = np.searchsorted(starts, starts + span_s, side="left") - np.arange(starts.size)
+    first = float(starts[int(np.argmax(counts))])
+    first = min(first, float(workload.duration_s) - span_s)
+    return select_window(workload, max(first, 0.0), max(first, 0.0) + span_s)
+
+
+def json_safe(value: Any) -> Any:
+    """numpy scalars to Python, NaN and infinities to null, tuples to lists."""
+    if isinstance(value, dict):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def _say(args: argparse.Namespace, message: str) -> None:
+    if not args.json:
+        print(message, file=sys.stderr, flush=True)
+
+
+def _tune_and_write(args: argparse.Namespace, workload: Any, profile: Any, slo_ttft_s: float, slo_tpot_s: float,
+                    seed: int, title: str, history_report: dict[str, Any] | None) -> int:
+    from simulator import manifests
+    from simulator.advisor_report import write_report
+    from simulator.policies import parse_policies
+    from simulator.tuner import TuneInputs, tune
+
+    if args.min_replicas < 0 or args.max_replicas < max(1, args.min_replicas):
+        raise ValueError(f"--min-replicas {args.min_replicas} / --max-replicas {args.max_replicas}: need "
+                         "0 <= min and max >= max(1, min)")
+    baselines = parse_policies(args.baselines) if args.baselines.strip() else []
+    inputs = TuneInputs(workload, profile, args.cold_start, slo_ttft_s, slo_tpot_s, seed, args.target, args.holdout,
+                        args.min_replicas, args.max_replicas)
+    started = time.perf_counter()
+    result = tune(inputs, trials=args.trials, jobs=args.jobs or (os.cpu_count() or 1), batch=args.batch,
+                  top=args.top, seeds=args.seeds, baselines=baselines, progress=lambda m: _say(args, m))
+    out = Path(args.out)
+    write_report(result, out, title, history_report)
+    best = result.best.settings
+    profile_name = getattr(profile, "name", str(profile))
+    common = dict(model=args.model, profile=profile_name, slo_ttft_s=slo_ttft_s, target=args.deployment,
+                  min_replicas=args.min_replicas, max_replicas=args.max_replicas)
+    header = (f"{title}: trial {result.best.trial} of {len(result.trials)}, "
+              f"{'holds up' if result.holds_up else 'DOES NOT hold up'} (see report.md)\n"
+              f"model: set to your vLLM --served-model-name if {args.model!r} is not it")
+    (out / "scaledobject.yaml").write_text(manifests.dump(manifests.scaledobject(
+        best, namespace=args.namespace, scaler_address=args.scaler_address, **common), header))
+    (out / "values.yaml").write_text(manifests.dump(manifests.chart_values(
+        best, namespace=args.namespace, **common), header + "\nhelm install leadscale charts/leadscale -f values.yaml"))
+    payload = json_safe({**result.to_json(), "history": history_report,
+                      "wall_seconds": time.perf_counter() - started})
+    (out / "recommendation.json").write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
+    if args.json:
+        print(json.dumps(payload, sort_keys=True))
+    else:
+        print(json.dumps(payload["recommendation"], indent=2))
+        print(f"report: {out / 'report.html'}; apply: {out / 'scaledobject.yaml'} or helm -f {out / 'values.yaml'}")
+    return 0
