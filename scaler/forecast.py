@@ -36,13 +36,29 @@ class Trend:
     """max(0, lower confidence bound): growth we are confident in; 0 for flat, falling or noisy load."""
 
 
-def robust_trend(samples: Samples, confidence: float, min_span_s: float) -> Trend:
+def thin(samples: Samples, spacing_s: float) -> Samples:
+    """Keep samples at least ``spacing_s`` apart, counting back from the newest.
+
+    Rates over a window ``w`` evaluated every few seconds are strongly autocorrelated: only samples
+    ``w`` apart carry independent information. A confidence interval over all of them would be far
+    too narrow and let noise pass for a trend.
+    """
+    kept: list[tuple[float, float]] = []
+    for t, v in reversed(samples):
+        if not kept or kept[-1][0] - t >= spacing_s:
+            kept.append((t, v))
+    return tuple(reversed(kept))
+
+
+def robust_trend(samples: Samples, confidence: float, min_span_s: float, spacing_s: float = 0.0) -> Trend:
     """Theil–Sen slope of the samples with its lower bound at ``confidence`` (two-sided interval).
 
-    Returns a zero trend when there are fewer than ``MIN_TREND_SAMPLES`` points or they span less
-    than ``min_span_s`` seconds, because a slope over a short span multiplied by a long lead time is
-    exactly the noise amplification the policy must avoid.
+    Samples are first thinned to ``spacing_s`` apart (independent observations). Returns a zero trend
+    when fewer than ``MIN_TREND_SAMPLES`` points remain or they span less than ``min_span_s``
+    seconds, because a slope over a short span multiplied by a long lead time is exactly the noise
+    amplification the policy must avoid.
     """
+    samples = thin(samples, spacing_s) if spacing_s > 0 else samples
     if len(samples) < MIN_TREND_SAMPLES or samples[-1][0] - samples[0][0] < min_span_s:
         return Trend(0.0, 0.0)
     t = np.fromiter((s[0] for s in samples), dtype=float)

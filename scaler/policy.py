@@ -195,17 +195,24 @@ def decide(signals: Signals, state: PolicyState, config: PolicyConfig, now: floa
         growth_tps = (waiting_tokens - past) / (now - past_t)
     nominal = _clip(served + max(-BIG, min(growth_tps, BIG)) * work_per_token)
     nominal_backlog = _clip(waiting_tokens * work_per_token)
+    waiting_samples = window.push(state.waiting, now, waiting_tokens, config.rate_window_s * 1.5)
+    recent_waiting = window.since(waiting_samples, now - config.rate_window_s)
+    mean_queue = _clip(sum(v for _, v in recent_waiting) / len(recent_waiting) * work_per_token)
 
     # 2. what a replica really delivers on this workload (learned from past snapshots only)
-    seen, capacity_memory = efficiency.assess(state.capacity, signals, served, nominal_backlog, now,
+    seen, capacity_memory = efficiency.assess(state.capacity, signals, served, mean_queue, now,
                                               config.rate_window_s, config.capacity_memory_s, config.ttft_slo_s)
     level = _clip(seen.factor * nominal)
 
     # 3. forecast over the lead time from the confident part of the trend (of nominal demand)
     demand_samples = window.push(state.demand, now, nominal, config.trend_window_s)
-    trend = forecast.robust_trend(demand_samples, config.trend_confidence, config.trend_window_s / 2)
+    trend = forecast.robust_trend(demand_samples, config.trend_confidence, config.trend_window_s / 2,
+                                  spacing_s=config.rate_window_s)
     slope = _clip(seen.factor * trend.used)
     predicted = _clip(level + slope * lead_s)
+    recent = window.since(demand_samples, now - lead_s)
+    sustained = _clip(seen.factor * sum(v for _, v in recent) / len(recent))
+    predicted_sustained = _clip(sustained + slope * (lead_s + (now - recent[0][0]) / 2))
 
     # 4. backlog when new replicas could arrive, counting those already starting as they come
     starting_since = _track_starting(state.starting_since, signals.starting_replicas, now)
@@ -214,9 +221,12 @@ def decide(signals: Signals, state: PolicyState, config: PolicyConfig, now: floa
     projected = _clip(forecast.project_backlog(backlog, level, slope, signals.ready_replicas, arrivals, lead_s))
 
     # 5. replicas needed at the horizon
-    for_utilization = max(predicted, seen.kv_replicas) / config.target_utilization
+    tail_cap = efficiency.tail_utilization(signals.mean_prompt_tokens, cap.prefill_tokens_per_s, config.ttft_slo_s)
+    utilization = min(config.target_utilization, tail_cap)
+    for_utilization = max(predicted_sustained, seen.kv_replicas) / utilization
+    for_peak = predicted
     for_backlog = predicted + projected / config.backlog_drain_s
-    needed = min(max(for_utilization, for_backlog), float(config.max_replicas))
+    needed = min(max(for_utilization, for_peak, for_backlog), float(config.max_replicas))
 
     # 6. activity, bounds and the scale-down stabilization window
     active = (signals.requests_waiting > 0 or signals.requests_running > 0
@@ -248,11 +258,16 @@ def decide(signals: Signals, state: PolicyState, config: PolicyConfig, now: floa
         "trend_replicas_per_s": max(-BIG, min(trend.slope, BIG)),
         "trend_used_replicas_per_s": slope,
         "forecast_replicas": predicted,
+        "sustained_demand_replicas": sustained,
+        "sustained_forecast_replicas": predicted_sustained,
         "backlog_replica_s": backlog,
+        "queue_wait_s": seen.queue_wait_s,
         "projected_backlog_replica_s": projected,
         "ready_replicas": float(signals.ready_replicas),
         "starting_replicas": float(signals.starting_replicas),
+        "tail_utilization": tail_cap,
         "needed_for_utilization": for_utilization,
+        "needed_for_peak": for_peak,
         "needed_for_backlog": for_backlog,
         "recommended_replicas": float(recommended),
         "stabilized_replicas": stabilized,
@@ -261,7 +276,7 @@ def decide(signals: Signals, state: PolicyState, config: PolicyConfig, now: floa
     }
     new_state = PolicyState(
         demand=demand_samples,
-        waiting=window.push(state.waiting, now, waiting_tokens, config.rate_window_s * 1.5),
+        waiting=waiting_samples,
         capacity=capacity_memory,
         recommendations=recommendations,
         starting_since=starting_since,

@@ -59,6 +59,16 @@ def _bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"{text!r}: must be true or false")
 
 
+def _choice(*allowed: str) -> Callable[[str], str]:
+    def convert(text: str) -> str:
+        for value in allowed:
+            if text.strip().lower() == value.lower():
+                return value
+        raise argparse.ArgumentTypeError(f"{text!r}: must be one of {', '.join(allowed)}")
+
+    return convert
+
+
 # (flag, type, default, help); the environment default is resolved at parse time
 FLAGS: tuple[tuple[str, Callable[[str], Any], Any, str], ...] = (
     ("--host", str, "0.0.0.0", "address the gRPC and metrics servers listen on"),
@@ -78,7 +88,9 @@ FLAGS: tuple[tuple[str, Callable[[str], Any], Any, str], ...] = (
     ("--tls-cert", str, None, "server certificate (PEM); enables TLS"),
     ("--tls-key", str, None, "server private key (PEM)"),
     ("--tls-client-ca", str, None, "CA bundle (PEM) that client certificates must chain to; enables mTLS"),
-    ("--log-level", str, "INFO", "Python logging level"),
+    ("--log-level", _choice("DEBUG", "INFO", "WARNING", "ERROR"), "INFO", "Python logging level"),
+    ("--log-format", _choice("text", "json"), "text",
+     "text: 'time level logger message' lines (decision messages are JSON); json: one JSON object per line"),
 )
 
 

@@ -186,9 +186,12 @@ def serve_forever(args: Any) -> int:
     ``args`` is ``serve_cli.resolve``'s namespace; embedders (the benchmark, the Kubernetes wiring) may
     add ``kube`` (a ``KubeObserver``) and ``source_factory`` attributes to it.
     """
-    from scaler.telemetry import serve_http
+    from scaler.telemetry import JsonLines, serve_http
 
-    logging.basicConfig(level=str(args.log_level).upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    handler = logging.StreamHandler()
+    handler.setFormatter(JsonLines() if args.log_format == "json" else
+                         logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+    logging.basicConfig(level=str(args.log_level).upper(), handlers=[handler], force=True)
     telemetry = Telemetry()
     kube = getattr(args, "kube", None)
     if kube is None and args.kubernetes:

@@ -92,10 +92,9 @@ class Telemetry:
                      data_age_s: float, reason: str) -> None:
         """One structured JSON line per decision change, with every term behind it."""
         clean = {k: float(v) for k, v in terms.items() if isinstance(v, (int, float)) and math.isfinite(v)}
-        DECISION_LOG.info(json.dumps({
-            "event": "decision", "namespace": namespace, "name": name, "desired_replicas": desired,
-            "active": active, "reason": reason, "data_age_s": round(data_age_s, 3), "terms": clean,
-        }, sort_keys=True))
+        fields = {"event": "decision", "namespace": namespace, "name": name, "desired_replicas": desired,
+                  "active": active, "reason": reason, "data_age_s": round(data_age_s, 3), "terms": clean}
+        DECISION_LOG.info(json.dumps(fields, sort_keys=True), extra={"fields": fields})
 
     def record_failure(self, namespace: str, name: str, reason: str) -> None:
         """Count an evaluation without usable data (``reason`` is a short class, not free text)."""
@@ -109,6 +108,20 @@ class Telemetry:
         child.observe(seconds)
         if code is not None:
             self.rpc_errors.labels(method, code).inc()
+
+
+class JsonLines(logging.Formatter):
+    """One JSON object per log line (``leadscale serve``'s default): time, level, logger, then either the
+    record's structured ``fields`` (decision lines) or its ``message``."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line: dict[str, Any] = {"time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S") + f".{int(record.msecs):03d}",
+                                "level": record.levelname, "logger": record.name}
+        fields = getattr(record, "fields", None)
+        line.update(fields if isinstance(fields, dict) else {"message": record.getMessage()})
+        if record.exc_info:
+            line["exception"] = self.formatException(record.exc_info)
+        return json.dumps(line, sort_keys=False, default=str)
 
 
 def serve_http(telemetry: Telemetry, decisions: Callable[[], list[dict[str, Any]]], host: str,

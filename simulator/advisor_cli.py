@@ -175,8 +175,8 @@ def json_safe(value: Any) -> Any:
 
 
 def _say(args: argparse.Namespace, message: str) -> None:
-    if not args.json:
-        print(message, file=sys.stderr, flush=True)
+    """Progress on stderr (stdout stays one JSON object with --json)."""
+    print(f"leadscale {getattr(args, 'command', None) or 'tune'}: {message}", file=sys.stderr, flush=True)
 
 
 def _tune_and_write(args: argparse.Namespace, workload: Any, profile: Any, slo_ttft_s: float, slo_tpot_s: float,

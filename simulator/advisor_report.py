@@ -35,9 +35,9 @@ def plot_trials(result: TuneResult, path: Path) -> None:
     ok = [p for p in points if p[1] >= target]
     bad = [p for p in points if p[1] < target]
     if ok:
-        ax.scatter(*zip(*ok, strict=True), s=18, color="tab:blue", label=f"trial meeting {target:g}")
+        ax.scatter(*zip(*ok, strict=True), s=18, color="tab:blue", zorder=3, label=f"trial meeting {target:g}")
     if bad:
-        ax.scatter(*zip(*bad, strict=True), s=18, color="tab:grey", alpha=0.6, label="trial missing the target")
+        ax.scatter(*zip(*bad, strict=True), s=18, color="tab:grey", alpha=0.6, zorder=3, label="trial missing it")
     ax.plot([points[k][0] for k in front], [points[k][1] for k in front], color="tab:orange", lw=1.2,
             marker="o", ms=4, label="Pareto front")
     best = result.best.search
@@ -47,7 +47,7 @@ def plot_trials(result: TuneResult, path: Path) -> None:
     ax.set_xlabel("GPU-hours (search window)")
     ax.set_ylabel("SLO attainment")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="lower right")
+    ax.legend(fontsize=8, loc="best")
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)

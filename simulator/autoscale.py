@@ -94,10 +94,10 @@ def profile_keys(profile: Any, slo_ttft_s: float) -> str | dict[str, str]:
             "maxNumSeqs": str(capacity.max_num_seqs), "kvCacheTokens": str(capacity.kv_cache_tokens)}
 
 
-def demand_replicas(workload: Any, capacity: Any, duration_s: float) -> np.ndarray:
-    """Replicas the load needs per oracle bucket (capacity model, no headroom): the plots' demand line."""
-    return oracle_mod.bucket_need(workload.arrival_s, workload.input_tokens, workload.output_tokens, capacity,
-                                  duration_s)
+def demand_replicas(workload: Any, profile: Any, capacity: Any, duration_s: float) -> np.ndarray:
+    """Replicas the load needs per oracle bucket (work model, no headroom): the plots' demand line."""
+    work = oracle_mod.request_work(workload.input_tokens, workload.output_tokens, capacity, profile)
+    return oracle_mod.bucket_need(workload.arrival_s, work, duration_s)
 
 
 def run_autoscaled(workload: Any, profile: Any, policy: str | TriggerPolicy | Fixed | OracleSpec,
@@ -105,7 +105,7 @@ def run_autoscaled(workload: Any, profile: Any, policy: str | TriggerPolicy | Fi
                    max_replicas: int = 100, initial_replicas: int | None = None, drain_grace_s: float = 30.0,
                    tick_s: float = 1.0, observe: ObserveConfig | None = None,
                    backend_factory: Callable[..., Backend] = default_backend, oracle_alpha: float | None = None,
-                   oracle_steps: int = 4, backend_options: dict[str, Any] | None = None) -> AutoscaleResult:
+                   oracle_steps: int = 5, backend_options: dict[str, Any] | None = None) -> AutoscaleResult:
     """Simulate ``workload`` under ``policy`` (a name or a built policy); deterministic for a seed."""
     slo_ttft_s = float(slo)
     if not (math.isfinite(slo_ttft_s) and slo_ttft_s > 0):
@@ -115,7 +115,7 @@ def run_autoscaled(workload: Any, profile: Any, policy: str | TriggerPolicy | Fi
         if isinstance(policy, str) else policy
     capacity = profile.capacity(slo_ttft_s)
     duration = float(workload.arrival_s[-1]) if len(workload.arrival_s) else 0.0
-    need = demand_replicas(workload, capacity, max(duration, oracle_mod.BUCKET_S))
+    need = demand_replicas(workload, profile, capacity, max(duration, oracle_mod.BUCKET_S))
     if initial_replicas is None:
         first = need[: max(1, int(INITIAL_WINDOW_S // oracle_mod.BUCKET_S))]
         initial_replicas = min(max(min_replicas, 1, math.ceil(float(first.max()) - 1e-9)), max_replicas)

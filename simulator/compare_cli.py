@@ -122,14 +122,15 @@ def run(args: argparse.Namespace) -> int:
         print(f"leadscale compare: {exc}", file=sys.stderr)
         return 2
     out = Path(args.out)
-    payload = {"policies": {name: _clean(r.summary) for name, r in results.items()}}
+    # policies in the order asked for; each summary's keys sorted
+    payload = {"policies": {name: dict(sorted(_clean(r.summary).items())) for name, r in results.items()}}
     notes = [f"workload {getattr(workload, 'name', 'workload')}, {len(workload.arrival_s)} requests; profile "
              f"{getattr(profile, 'name', profile)}; cold start {args.cold_start}; TTFT SLO p95 <= {slo:g} s; "
              f"seed {seed}."]
     write_report(results, out, "leadscale compare", slo, notes)
-    (out / "summary.json").write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
+    (out / "summary.json").write_text(json.dumps(payload, indent=2) + "\n")
     if args.json:
-        print(json.dumps(payload, sort_keys=True))
+        print(json.dumps(payload))
     else:
         from simulator.report import markdown_table
 

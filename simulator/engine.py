@@ -139,6 +139,7 @@ class Engine:
         self._next_arrival = 0
         self._unresolved = len(workload)
         self._kv: list[tuple[float, float, float, int]] = []
+        self._ran = False
         self.fleet = Fleet(self)
         for _ in range(initial_replicas):
             self.fleet.add_replica(0.0)
@@ -204,13 +205,17 @@ class Engine:
             self._kv.append((now, float(np.mean(usage)), float(np.max(usage)), len(reps)))
 
     def run(self, until: float | None = None, progress: Callable[[int], None] | None = None) -> SimulationResult:
-        """Run to the end (every request resolved, or ``until``); returns the result."""
+        """Run to the end (every request resolved, or ``until``); returns the result. Once per engine."""
+        if self._ran:
+            raise RuntimeError("Engine.run() was already called: build a new Engine for another run")
+        self._ran = True
         started = time.perf_counter()
         n_req = len(self.workload)
         arrivals = [*self.workload.arrival_s.tolist(), float("inf")]  # Python floats: cheap compares
         last_arrival = arrivals[n_req - 1] if n_req else 0.0
         stop = until if until is not None else last_arrival + self.config.horizon_s
-        heap, replicas, timers = self._heap, self.fleet.replicas, self._timers
+        heap, replicas, timers, fleet = self._heap, self.fleet.replicas, self._timers, self.fleet
+        pick, too_long = self.router.pick, self._too_long
         nxt = 0
         events = 0
         last = 0.0
@@ -241,7 +246,15 @@ class Engine:
                     self.now = stop
                     break
                 self.now = last = t_arr
-                self._arrive(nxt, t_arr)
+                if fleet.routable and not self.gateway and nxt not in too_long:  # the common case, inlined
+                    rep = pick(fleet.routable)
+                    t_next = rep.enqueue(nxt, t_arr)
+                    if t_next is not None:
+                        rep.version += 1
+                        self._seq += 1
+                        heapq.heappush(heap, (t_next, _STEP, self._seq, rep.id, rep.version))
+                else:
+                    self._arrive(nxt, t_arr)
                 nxt += 1
             else:
                 break

@@ -14,7 +14,9 @@ Counters are turned into per-step increases the way PromQL's ``increase`` treats
 reset (the pod restarted; the new value is the increase), a series' first sample is its baseline,
 and an increase across missing steps (a gap: scrape failures, a stale pod) is spread evenly over
 them. Every reset and gap is reported. Long ranges are queried in chunks of at most ``max_points``
-steps (Prometheus refuses more than 11,000 points per series).
+steps (Prometheus refuses more than 11,000 points per series). Histograms need totals only: one
+``sum by (le) (increase(...[chunk]))`` instant query per chunk, so a week of buckets of many pods is
+never held per step.
 
 Left out: the correlation between a request's prompt and output lengths (sampled independently),
 prefix sharing, and arrivals finer than the step (uniform within each step).
@@ -125,21 +127,43 @@ class Reader:
         return out
 
     def _query(self, promql: str, start: float, end: float) -> list[tuple[tuple[tuple[str, str], ...], list[Any]]]:
+        params = {"query": promql, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{self.request.step_s:g}"}
+        result = self._get("query_range", params)
+        return [(tuple(sorted(s["metric"].items())), s["values"]) for s in result]
+
+    def increase_by(self, promql_selector: str, by: str) -> dict[str, float]:
+        """``sum by (<by>) (increase(selector[chunk]))`` over the whole range, one instant query per chunk:
+        totals only (histograms), so Prometheus handles resets and nothing per step is kept."""
+        req = self.request
+        chunk = req.step_s * req.max_points
+        totals: dict[str, float] = {}
+        t = req.start_s
+        while t < req.end_s - 1e-9:
+            end = min(t + chunk, req.end_s)
+            query = f"sum by ({by}) (increase({promql_selector}[{end - t:.0f}s]))"
+            for series in self._get("query", {"query": query, "time": f"{end:.3f}"}):
+                key = series["metric"].get(by, "")
+                value = float(series["value"][1])
+                if math.isfinite(value):
+                    totals[key] = totals.get(key, 0.0) + value
+            t = end
+        return totals
+
+    def _get(self, api: str, params: dict[str, str]) -> list[dict[str, Any]]:
         import httpx
 
-        url = f"{self.request.prometheus.rstrip('/')}/api/v1/query_range"
-        params = {"query": promql, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{self.request.step_s:g}"}
+        where = f"Prometheus at {self.request.prometheus}"
+        what = {"query_range": "range query", "query": "instant query"}.get(api, api)
         self.queries += 1
         try:
-            response = self.client.get(url, params=params)
+            response = self.client.get(f"{self.request.prometheus.rstrip('/')}/api/v1/{api}", params=params)
             body = response.json()
         except (httpx.HTTPError, ValueError) as exc:
-            where = f"Prometheus at {self.request.prometheus}"
-            raise HistoryError(f"{where}: range query {promql!r} failed: {exc}") from exc
+            raise HistoryError(f"{where}: {what} {params['query']!r} failed: {exc}") from exc
         if response.status_code != 200 or body.get("status") != "success":
-            raise HistoryError(f"Prometheus at {self.request.prometheus}: range query {promql!r} answered "
-                               f"{response.status_code}: {body.get('error', body)}")
-        return [(tuple(sorted(s["metric"].items())), s["values"]) for s in body["data"]["result"]]
+            raise HistoryError(f"{where}: {what} {params['query']!r} answered {response.status_code}: "
+                               f"{body.get('error', body)}")
+        return list(body["data"]["result"])
 
 
 @dataclass
@@ -214,26 +238,26 @@ class Lengths:
         return np.maximum(1, np.floor(lo + rng.random(n) * (hi - lo + 1.0))).astype(np.int64)
 
 
-def histogram_lengths(buckets: Mapping[tuple[tuple[str, str], ...], np.ndarray], sums: Increases,
-                      grid: np.ndarray) -> Lengths | None:
-    """Bucket increases over the whole range, summed over pods (``le`` kept); None when no bucket moved."""
-    by_le: dict[float, dict[tuple[tuple[str, str], ...], np.ndarray]] = {}
-    for labels, values in buckets.items():
-        le = dict(labels).get("le")
-        if le is None:
+def histogram_lengths(by_le: Mapping[str, float], total: float) -> Lengths | None:
+    """A ``Lengths`` from cumulative bucket totals keyed by ``le`` (None when no bucket moved)."""
+    bounds, cumulative = [], []
+    for le, value in by_le.items():
+        try:
+            bounds.append(float(le))
+        except ValueError:
             continue
-        rest = tuple((k, v) for k, v in labels if k != "le")
-        by_le.setdefault(float(le), {})[rest] = values
-    if not by_le:
+        cumulative.append(value)
+    if not bounds:
         return None
-    bounds = np.array(sorted(by_le))
-    cumulative = np.array([counter_increases(by_le[b], grid).total for b in bounds])
-    counts = np.maximum(np.diff(np.concatenate([[0.0], np.maximum.accumulate(cumulative)])), 0.0)
+    order = np.argsort(bounds)
+    edges = np.asarray(bounds)[order]
+    cum = np.maximum.accumulate(np.maximum(np.asarray(cumulative)[order], 0.0))
+    counts = np.diff(np.concatenate([[0.0], cum]))
     if counts.sum() <= 0:
         return None
-    if np.isfinite(bounds[-1]):
-        bounds, counts = np.append(bounds, np.inf), np.append(counts, 0.0)
-    return Lengths(bounds, counts, sums.total)
+    if np.isfinite(edges[-1]):
+        edges, counts = np.append(edges, np.inf), np.append(counts, 0.0)
+    return Lengths(edges, counts, max(float(total), 0.0))
 
 
 @dataclass
@@ -315,8 +339,8 @@ def fetch_history(request: HistoryRequest, client: Any = None) -> History:
                  for m in (PROMPT_TOKENS, GENERATION_TOKENS)}
     lengths: list[Lengths | None] = []
     for hist in (PROMPT_HISTOGRAM, OUTPUT_HISTOGRAM):
-        sums = counter_increases(reader.series(request.selector(hist + "_sum")), grid)
-        lengths.append(histogram_lengths(reader.series(request.selector(hist + "_bucket")), sums, grid))
+        total = sum(reader.increase_by(request.selector(hist + "_sum"), "model_name").values())
+        lengths.append(histogram_lengths(reader.increase_by(request.selector(hist + "_bucket"), "le"), total))
     return History(request, grid, counter_increases(success, grid), increases[PROMPT_TOKENS],
                    increases[GENERATION_TOKENS], lengths[0], lengths[1], reader.queries)
 

@@ -2,10 +2,11 @@
 
 The oracle sees every future arrival and the exact cold start of every pod it will start. Method:
 
-1. **Need per bucket** (30 s): the work arriving in the bucket in replica units, from the same
-   capacity model the policy uses (``ReplicaCapacity`` at the SLO): prompt tokens / (bucket x prefill
-   capacity) + output tokens / (bucket x decode capacity); a request keeps decoding after its bucket,
-   so each bucket's need is the max over itself and the previous bucket.
+1. **Need per bucket** (30 s): the replica-seconds of work arriving in the bucket / 30 s. A request's
+   work is its prefill compute from the profile's step-time model (linear plus quadratic attention,
+   so long prompts weigh what they cost) plus its output tokens at the decode rate within the TPOT
+   SLO (``ReplicaCapacity``); a request keeps running after its bucket, so each bucket's need is the
+   max over itself and the previous bucket.
 2. **Headroom** ``alpha``: replicas(bucket) = ceil(alpha x need). ``alpha`` is the one free knob; the
    smallest one whose *simulated* run meets the SLO is found by bisection (``search_alpha``), so the
    bound is verified by the same simulator that judges every policy, not trusted from the model.
@@ -29,6 +30,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -48,14 +50,32 @@ class PodPlan:
     warm: bool = False
 
 
-def bucket_need(arrival_s: np.ndarray, input_tokens: np.ndarray, output_tokens: np.ndarray,
-                capacity: ReplicaCapacity, duration_s: float, bucket_s: float = BUCKET_S) -> np.ndarray:
-    """Replica units of work arriving in each bucket (max of the bucket and the one before)."""
+def request_work(input_tokens: np.ndarray, output_tokens: np.ndarray, capacity: ReplicaCapacity,
+                 profile: Any = None) -> np.ndarray:
+    """Replica-seconds each request costs: its prefill plus its share of decode.
+
+    With the profile's step-time model, prefill costs its marginal compute, ``per_token_s x n`` plus
+    causal attention ``prefill_attention_s x n^2 / 2`` (the same for any chunking): long prompts cost
+    more than their token count says. Without one, ``n / prefill capacity``. Decode: output tokens /
+    decode capacity (the batched rate within the TPOT SLO).
+    """
+    n = np.asarray(input_tokens, dtype=float)
+    st = getattr(profile, "step_time", None)
+    per_token, attention = getattr(st, "per_token_s", None), getattr(st, "prefill_attention_s", None)
+    if isinstance(per_token, float) and isinstance(attention, float):
+        prefill = per_token * n + attention * n * n / 2.0
+    else:
+        prefill = n / capacity.prefill_tokens_per_s
+    return prefill + np.asarray(output_tokens, dtype=float) / capacity.decode_tokens_per_s
+
+
+def bucket_need(arrival_s: np.ndarray, work_s: np.ndarray, duration_s: float, bucket_s: float = BUCKET_S,
+                ) -> np.ndarray:
+    """Replica units of work arriving in each bucket (max of the bucket and the one before: a request
+    keeps running after the bucket it arrived in)."""
     n = max(1, math.ceil(duration_s / bucket_s))
     index = np.minimum((np.asarray(arrival_s) // bucket_s).astype(np.int64), n - 1)
-    prompt = np.bincount(index, weights=np.asarray(input_tokens, dtype=float), minlength=n)
-    output = np.bincount(index, weights=np.asarray(output_tokens, dtype=float), minlength=n)
-    work = prompt / (bucket_s * capacity.prefill_tokens_per_s) + output / (bucket_s * capacity.decode_tokens_per_s)
+    work = np.bincount(index, weights=np.asarray(work_s, dtype=float), minlength=n) / bucket_s
     return np.maximum(work, np.r_[0.0, work[:-1]])
 
 
@@ -109,7 +129,7 @@ def replica_seconds(plans: list[PodPlan], end_s: float) -> float:
     return sum(max(0.0, min(p.delete_at, end_s) - p.create_at) for p in plans)
 
 
-def search_alpha(meets: Callable[[float], bool], start: float = 1.0, low: float = 0.6, high: float = 2.5,
+def search_alpha(meets: Callable[[float], bool], start: float = 1.25, low: float = 0.6, high: float = 2.5,
                  steps: int = 4) -> float:
     """Smallest alpha in [low, high] with ``meets(alpha)`` (a simulation each), by bisection from ``start``.
 

@@ -36,7 +36,6 @@ class LatencyHistogram:
     """
 
     LO, HI, BINS = 1e-5, 1e3, 1600
-    CHUNK = 2048
 
     def __init__(self) -> None:
         self.edges = np.geomspace(self.LO, self.HI, self.BINS + 1)
@@ -56,17 +55,24 @@ class LatencyHistogram:
         np.add.at(self.counts, idx, weight)
 
     def _flush(self) -> None:
-        runs, self._runs = self._runs, []
-        edges = self.edges
-        for lo in range(0, len(runs), self.CHUNK):
-            r = np.array(runs[lo: lo + self.CHUNK], dtype=np.float64)
-            first, step, k, w = r[:, :1], r[:, 1:2], r[:, 2:3], r[:, 3:4]
-            # count of i in [0, k) with first + step * i < edge
-            with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-                below = np.where(step > 0, np.clip(np.ceil((edges - first) / np.where(step > 0, step, 1.0)), 0, k),
-                                 np.where(edges > first, k, 0.0))
-            per_bin = np.diff(np.concatenate((np.zeros_like(k), below, k), axis=1), axis=1)
-            self.counts += (per_bin * w).sum(axis=0)
+        if not self._runs:
+            return
+        r = np.array(self._runs, dtype=np.float64)
+        self._runs = []
+        first, step, k, w = r[:, 0], r[:, 1], r[:, 2], r[:, 3]
+        lo = np.searchsorted(self.edges, first, side="right")
+        hi = np.searchsorted(self.edges, first + step * (k - 1), side="right")
+        one = lo == hi  # the common case: a whole run inside one bin
+        np.add.at(self.counts, lo[one], (k * w)[one])
+        many = ~one  # a run across a few neighbouring bins: count the values in each, bin by bin
+        f, st, kk, ww, b0, b1 = first[many], step[many], k[many], w[many], lo[many], hi[many]
+        bounds = np.concatenate(([-np.inf], self.edges, [np.inf]))  # bin b holds [bounds[b], bounds[b + 1])
+        with np.errstate(invalid="ignore", over="ignore"):
+            for d in range(int((b1 - b0).max()) + 1 if f.size else 0):
+                b = np.minimum(b0 + d, b1)
+                below_hi = np.clip(np.ceil((bounds[b + 1] - f) / st), 0, kk)
+                below_lo = np.clip(np.ceil((bounds[b] - f) / st), 0, kk)
+                np.add.at(self.counts, b, np.where(b0 + d <= b1, (below_hi - below_lo) * ww, 0.0))
 
     def merge(self, other: LatencyHistogram) -> None:
         self._flush()

@@ -11,11 +11,13 @@ Draining replicas never get new requests (the engine passes only routable ones).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from operator import attrgetter
 from typing import Protocol
 
 import numpy as np
 
 ROUTERS = ("least-tokens", "round-robin", "random")
+_outstanding = attrgetter("outstanding_tokens")
 
 
 class Routable(Protocol):
@@ -36,11 +38,7 @@ class Router:
     def pick(self, replicas: Sequence[Routable]) -> Routable:
         """The replica for the next request (``replicas`` non-empty, in id order)."""
         if self.name == "least-tokens":
-            best = replicas[0]
-            for r in replicas:
-                if r.outstanding_tokens < best.outstanding_tokens:
-                    best = r
-            return best
+            return min(replicas, key=_outstanding)  # the first of equals: the oldest
         if self.name == "round-robin":
             self._turn += 1
             return replicas[(self._turn - 1) % len(replicas)]

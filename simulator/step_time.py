@@ -105,7 +105,9 @@ class LinearStepTime:
                 + self.prefill_attention_s * prefill_attention)
 
     def decode_run(self, decode_seqs: int, context0: float) -> DecodeRun:
-        first = self.step_time(decode_seqs, decode_seqs, context0, 0.0)
+        linear = self.intercept_s + self.per_token_s * decode_seqs
+        first = (self.overhead_s + (linear if linear > self.floor_s else self.floor_s) + self.per_seq_s * decode_seqs
+                 + self.per_context_token_s * context0)
         return DecodeRun(first, self.per_context_token_s * decode_seqs)
 
     def prefill_time(self, prompt_tokens: int, chunk: int) -> float:

@@ -62,11 +62,10 @@ class TuneInputs:
     def window(self, name: str) -> Any:
         from simulator.workload import select_window
 
-        if name == "search":
-            return select_window(self.workload, 0.0, self.split_s)
-        if name == "holdout":
-            return select_window(self.workload, self.split_s, None)
-        raise ValueError(f"window={name!r}: allowed search, holdout")
+        bounds = {"search": (0.0, self.split_s), "holdout": (self.split_s, None)}
+        if name not in bounds:
+            raise ValueError(f"window={name!r}: allowed search, holdout")
+        return select_window(self.workload, *bounds[name])
 
 
 @dataclass(frozen=True)
@@ -95,15 +94,16 @@ class Candidate:
     trial: int
     search: Run
     runs: list[Run] = field(default_factory=list)
+    holdout_result: Any = None
+    """The full ``AutoscaleResult`` of the held-out run at the main seed (for the report's plots)."""
 
     def spread(self, target: float) -> dict[str, Any]:
         """Min/mean/max of GPU-hours and attainment per window, and whether every run met the target."""
         out: dict[str, Any] = {}
         for name in sorted({r.window for r in self.runs}):
             runs = [r for r in self.runs if r.window == name]
-            gpu = [r.gpu_hours for r in runs]
-            att = [r.attainment for r in runs]
-            out[name] = {"runs": len(runs), "gpu_hours": _stats(gpu), "slo_attainment": _stats(att)}
+            out[name] = {"runs": len(runs), "gpu_hours": _stats([r.gpu_hours for r in runs]),
+                         "slo_attainment": _stats([r.attainment for r in runs])}
         out["holds_up"] = self.holds_up(target)
         return out
 
@@ -147,6 +147,7 @@ class TuneResult:
                 "feasible_trials": sum(c.search.attainment >= i.target for c in self.trials),
                 "candidates": [{"trial": c.trial, "settings": asdict(c.settings), "search": _brief(c.search),
                                 "spread": c.spread(i.target)} for c in self.robust],
+                "recommended_holdout": _brief(self.best_holdout()),
                 "baselines_holdout": {name: _brief(run) for name, run in self.baselines.items()},
                 "beats": {name: beats(self.best_holdout(), run, i.target) for name, run in self.baselines.items()},
             },
@@ -220,7 +221,6 @@ def default_point(space: dict[str, tuple[float, float, float]]) -> dict[str, Any
     return {k: min(max(params[k], low), high) for k, (low, high, _step) in space.items()}
 
 
-# --- the worker side: one simulation per job -------------------------------------------------------
 _INPUTS: TuneInputs | None = None
 _WINDOWS: dict[str, Any] = {}
 
@@ -284,7 +284,11 @@ def tune(inputs: TuneInputs, trials: int = 30, jobs: int = 2, batch: int = 2, to
     baseline_names = parse_policies(",".join(baselines)) if baselines else []
     say = progress or (lambda _msg: None)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    sampler = optuna.samplers.TPESampler(seed=inputs.seed, n_startup_trials=min(10, max(2, trials // 3)))
+    # optuna >= 5 takes constraints from Trial.set_constraint; 4.x only through constraints_func
+    native = hasattr(optuna.trial.Trial, "set_constraint")
+    sampler = optuna.samplers.TPESampler(seed=inputs.seed, n_startup_trials=min(10, max(2, trials // 3)),
+                                         **({} if native else {"constraints_func": lambda t: (
+                                             float(t.user_attrs.get("violation", 1.0)),)}))
     study = optuna.create_study(direction="minimize", sampler=sampler)
     space = search_space(inputs.cold_start)
     study.enqueue_trial(default_point(space))
@@ -296,22 +300,26 @@ def tune(inputs: TuneInputs, trials: int = 30, jobs: int = 2, batch: int = 2, to
             for trial, s, (summary, _) in zip(asked, chosen, pool.map([(s, "search", inputs.seed, False)
                                                                        for s in chosen]), strict=True):
                 run = Run("search", inputs.seed, summary)
-                trial.set_constraint("slo_attainment", inputs.target - run.attainment)  # <= 0: feasible
+                violation = inputs.target - run.attainment  # <= 0: feasible
+                trial.set_user_attr("violation", violation)
+                if native:
+                    trial.set_constraint("slo_attainment", violation)
                 study.tell(trial, run.gpu_hours)
                 found.append(Candidate(s, trial.number, run))
             say(f"trial {len(found)}/{trials}")
         robust = _shortlist(found, inputs.target, top)
         run_seeds = [inputs.seed + k for k in range(seeds)]
-        plan = [(c, w, sd) for c in robust for w in ("search", "holdout") for sd in run_seeds]
+        for c in robust:
+            c.runs = [c.search]  # the search already ran it on the search window at the main seed
+        plan = [(c, w, sd) for c in robust for w in ("search", "holdout") for sd in run_seeds
+                if (w, sd) != ("search", inputs.seed)]
         say(f"re-evaluating {len(robust)} candidates: {len(plan)} runs")
         outcomes = pool.map([(c.settings, w, sd, w == "holdout" and sd == inputs.seed) for c, w, sd in plan])
-        details: dict[str, Any] = {}
         for (c, w, sd), (summary, full) in zip(plan, outcomes, strict=True):
             c.runs.append(Run(w, sd, summary))
-            if full is not None:
-                details[f"trial {c.trial}"] = full
+            c.holdout_result = full or c.holdout_result
         best = _pick(robust, inputs.target)
-        details = {"recommended": details[f"trial {best.trial}"]}
+        details = {"recommended": best.holdout_result}
         say(f"baselines on the held-out window: {', '.join(baseline_names)}")
         base_out = pool.map([(n, "holdout", inputs.seed, True) for n in baseline_names])
     base_runs = {}

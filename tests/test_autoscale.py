@@ -305,3 +305,28 @@ def test_real_engine_scales_a_short_fleet_and_pays_its_cold_starts() -> None:
     assert scaled.summary["max_replicas"] > 1 and scaled.summary["scale_events"] >= 1
     assert scaled.summary["gpu_hours"] > fixed.summary["gpu_hours"]
     assert scaled.summary["pods_started"] > 1
+
+
+@pytest.mark.slow
+def test_compare_cli_prints_policies_json_and_writes_the_report(tmp_path, capsys) -> None:
+    import json
+
+    from conftest import TRACES, require
+
+    from scaler.cli import main
+
+    trace = TRACES / "azure_conv_2023.csv"
+    require(trace.is_file(), f"the shared trace {trace}")
+    code = main(["compare", "--trace", str(trace), "--duration", "120", "--load-scale", "2", "--policies",
+                 "fixed:2,leadscale,kv-cache", "--cold-start", "fixed:30", "--slo-ttft", "2", "--seed", "3",
+                 "--out", str(tmp_path / "cmp"), "--json", "--jobs", "1"])
+    assert code == 0
+    payload = json.loads(capsys.readouterr().out)
+    assert list(payload["policies"]) == ["fixed:2", "leadscale", "kv-cache"]
+    for summary in payload["policies"].values():
+        assert {"gpu_hours", "ttft_p95", "max_replicas", "mean_replicas", "rejected", "aborted",
+                "scale_events"} <= set(summary)
+    assert (tmp_path / "cmp" / "report.html").is_file() and (tmp_path / "cmp" / "summary.json").is_file()
+    assert main(["compare", "--trace", str(trace), "--duration", "60", "--policies", "cpu", "--out",
+                 str(tmp_path / "bad")]) == 2
+    assert "'cpu' is not a policy" in capsys.readouterr().err

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from scaler.cli import main
-from simulator.cli import add_run_arguments, build_run_inputs
+from simulator.cli import _window, add_run_arguments, build_run_inputs
 from tests.conftest import TRACES, require
 
 SMALL = "builtin:poisson?rate=5&duration=60"
@@ -88,3 +91,16 @@ def test_profiles_command(capsys: pytest.CaptureFixture[str]) -> None:
     rows = json.loads(capsys.readouterr().out)
     assert {r["name"] for r in rows} >= {"a100-llama3-8b", "h100-llama3-8b", "h200-llama3-8b", "a100-llama2-70b-tp4"}
     assert all(r["source"] and r["capacity"]["prefill_tokens_per_s"] > 0 for r in rows)
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=st.one_of(st.text(max_size=12), st.builds(lambda a, b: f"{a}:{b}", st.floats(allow_nan=True),
+                                                       st.floats(allow_nan=True))))
+def test_window_parser_accepts_or_explains(text: str) -> None:
+    try:
+        start, end = _window(text)
+    except argparse.ArgumentTypeError as exc:
+        assert "--window" in str(exc) and "START:END" in str(exc)
+        return
+    assert math.isfinite(start) and start >= 0
+    assert end is None or (math.isfinite(end) and end > start)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from simulator.cluster import Cluster, Phase
 from simulator.coldstart import parse_cold_start
@@ -129,7 +131,30 @@ def test_same_seed_same_cold_starts() -> None:
 
 
 def test_warm_start_is_ready_at_once_without_a_scale_event() -> None:
-    cluster, fleet = make()
+    cluster, _ = make()
     cluster.warm_start(0.0, 3)
     assert cluster.counts(0.0).ready == 3 and cluster.spec_replicas == 3 and cluster.scale_events == 0
     assert cluster.gpu_seconds(60.0) == pytest.approx(180.0)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 40), st.integers(0, 6), st.booleans()), min_size=1, max_size=25))
+def test_gpu_seconds_equal_the_integral_of_pods_holding_gpus(ops: list[tuple[int, int, bool]]) -> None:
+    """Explicit accounting: the per-pod sum equals the area under the timeline of pods holding GPUs."""
+    cluster, fleet = make("uniform:5,30", grace=10.0)
+    now = 0.0
+    for wait, replicas, busy in ops:
+        for _ in range(wait):
+            now += 1.0
+            cluster.advance(now)
+        for rid in list(fleet.busy):
+            fleet.busy[rid] = 2 if busy else 0
+        cluster.set_replicas(now, replicas)
+        assert len(cluster.live()) == replicas == cluster.spec_replicas
+    end = now + 1.0
+    area = 0.0
+    for this, following in zip(cluster.timeline, [*cluster.timeline[1:], None], strict=True):
+        until = following.at if following is not None else end
+        area += this.holding_gpus * (until - this.at)
+    assert cluster.gpu_seconds(end) == pytest.approx(area)
+    assert cluster.aborted == sum(p.aborted for p in cluster.pods)

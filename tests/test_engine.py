@@ -130,3 +130,27 @@ def test_shared_traces_short_windows(name: str) -> None:
     assert s["requests"] == len(w) > 0
     assert s["completed"] + s["rejected"] == len(w)
     assert s["ttft_p50"] is not None and s["ttft_p50"] > 0
+
+
+def test_metrics_reads_do_not_change_the_run() -> None:
+    """Reading metrics splits decode runs; the outcome must not depend on when anyone looks."""
+    w = poisson(1500, 40, seed=8)
+    quiet = simulate(w, H100, replicas=2, router="round-robin")
+    engine = Engine(w, H100, EngineConfig(router="round-robin"), initial_replicas=2)
+    engine.every(0.37, lambda now: [engine.fleet.metrics(r, now) for r in list(engine.fleet.replicas)])
+    busy = engine.run()
+    assert np.allclose(quiet.log.first_token_s, busy.log.first_token_s, rtol=1e-9, atol=1e-9)
+    assert np.allclose(quiet.log.finish_s, busy.log.finish_s, rtol=1e-9, atol=1e-9)
+
+
+def test_engine_backend_outcome() -> None:
+    from simulator.engine_backend import EngineBackend
+
+    backend = EngineBackend(poisson(300, 10, seed=9), "h100-llama3-8b", seed=1, slo_ttft_s=1.0)
+    ready: list[int] = []
+    backend.every(2.0, lambda now: ready.append(backend.add_replica(now)) if not ready else None)
+    outcome = backend.run()
+    assert outcome.rejected == 0 and outcome.arrival_s.size == 300
+    assert np.isfinite(outcome.ttft_s).all() and outcome.summary["completed"] == 300
+    assert backend.in_flight(ready[0]) == 0 and backend.gateway_waiting() == 0
+    assert backend.metrics(ready[0]).request_success_total == 300

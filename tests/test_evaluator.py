@@ -49,7 +49,7 @@ class FakeSource:
     def fetch(self, targets: Sequence[Target], now: float) -> dict[Target, Signals | SourceError]:
         self.calls.append(tuple(targets))
         if self.block is not None:
-            self.block.wait(5)
+            self.block.wait(10)
         if self.raise_exc:
             raise RuntimeError("boom")
         out: dict[Target, Signals | SourceError] = {}

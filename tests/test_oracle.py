@@ -12,6 +12,7 @@ from simulator.oracle import (
     plan_pods,
     replica_seconds,
     replicas_per_bucket,
+    request_work,
     search_alpha,
 )
 
@@ -20,11 +21,26 @@ CAP = ReplicaCapacity(prefill_tokens_per_s=1000.0, decode_tokens_per_s=100.0, ma
 
 def test_need_counts_prefill_and_decode_work_per_bucket() -> None:
     arrival = np.array([1.0, 2.0, 40.0])
-    need = bucket_need(arrival, np.array([15000, 15000, 0 + 1]), np.array([1500, 1500, 1]), CAP, 90.0)
-    # bucket 0: 30000 / (30 x 1000) + 3000 / (30 x 100) = 2; bucket 1 carries bucket 0's decode over
+    work = request_work(np.array([15000, 15000, 1]), np.array([1500, 1500, 1]), CAP)
+    assert work[0] == pytest.approx(15.0 + 15.0)  # 15000 / 1000 prefill + 1500 / 100 decode
+    need = bucket_need(arrival, work, 90.0)
+    # bucket 0: 60 replica-seconds / 30 s = 2; bucket 1 carries bucket 0 over (requests keep running)
     assert need[0] == pytest.approx(2.0)
     assert need[1] == pytest.approx(2.0)
-    assert need[2] == pytest.approx(1 / 30000 + 1 / 3000)
+    assert need[2] == pytest.approx((1 / 1000 + 1 / 100) / 30)
+
+
+def test_work_uses_the_step_time_model_when_the_profile_has_one() -> None:
+    class StepTime:
+        per_token_s = 1e-4
+        prefill_attention_s = 1e-8
+
+    class Profile:
+        step_time = StepTime()
+
+    work = request_work(np.array([1000, 10000]), np.array([0, 0]), CAP, Profile())
+    assert work[0] == pytest.approx(0.1 + 0.005)
+    assert work[1] == pytest.approx(1.0 + 0.5)   # ten times the tokens, more than ten times the work
 
 
 def test_levels_bridge_short_gaps_only() -> None:
@@ -55,7 +71,7 @@ def test_alpha_bisection_finds_the_threshold() -> None:
     assert search_alpha(lambda a: tried.append(a) or False) == 2.5
     assert tried[-1] == 2.5 and len(tried) == 6  # start, 4 halvings, then high itself
     tried.clear()
-    assert search_alpha(lambda a: tried.append(a) or True) == pytest.approx(0.625)
+    assert search_alpha(lambda a: tried.append(a) or True) == pytest.approx(0.640625)  # 0.6 + 0.65 / 16
     assert len(tried) == 5
     with pytest.raises(ValueError, match="low=2"):
         search_alpha(lambda a: True, low=2.0)

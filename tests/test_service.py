@@ -119,7 +119,7 @@ def test_rpcs_answer_from_the_cache_while_the_source_hangs(harness: Harness) -> 
         for _ in range(20):
             started = time.monotonic()
             assert harness.stub.GetMetrics(request, timeout=3).metricValues[0].metricValue == expected
-            assert time.monotonic() - started < 0.5
+            assert time.monotonic() - started < 2.5, "the RPC waited for the hanging fetch (10 s)"
     finally:
         gate.set()
 
@@ -207,7 +207,7 @@ def test_metrics_and_decisions_endpoints(harness: Harness) -> None:
 
 def test_serve_command_starts_answers_health_and_stops_on_sigterm() -> None:
     env = {**os.environ, "LEADSCALE_PORT": "0", "LEADSCALE_METRICS_PORT": "0", "LEADSCALE_HOST": "127.0.0.1",
-           "LEADSCALE_PROMETHEUS_URL": "http://127.0.0.1:9"}
+           "LEADSCALE_PROMETHEUS_URL": "http://127.0.0.1:9", "LEADSCALE_LOG_FORMAT": "json"}
     proc = subprocess.Popen([sys.executable, "-m", "scaler.cli", "serve", "--interval", "1"], cwd=ROOT, env=env,
                             stderr=subprocess.PIPE, text=True)
     try:
@@ -217,6 +217,8 @@ def test_serve_command_starts_answers_health_and_stops_on_sigterm() -> None:
             line = proc.stderr.readline() if proc.stderr else ""
             match = re.search(r"serving ExternalScaler on 127\.0\.0\.1:(\d+) \(plaintext\)", line)
             port = int(match.group(1)) if match else None
+            if match:
+                assert json.loads(line)["logger"] == "leadscale.service", "serve logs one JSON object per line"
             assert line or proc.poll() is None, "serve exited early"
         assert port
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
@@ -277,3 +279,16 @@ def test_serve_rejects_deletion_cost_without_kubernetes() -> None:
     result = subprocess.run([sys.executable, "-m", "scaler.cli", "serve", "--deletion-cost", "true"], cwd=ROOT,
                             capture_output=True, text=True, timeout=30)
     assert result.returncode != 0 and "--deletion-cost needs --kubernetes" in result.stderr
+
+
+def test_json_log_lines_carry_the_decision_fields(caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    from scaler.telemetry import JsonLines
+
+    with caplog.at_level(logging.INFO, logger="leadscale.decisions"):
+        Telemetry.log_decision("llm", "chat", 3, True, {"demand_replicas": 2.2, "bad": float("nan")}, 1.5, "up")
+    line = json.loads(JsonLines().format(caplog.records[-1]))
+    assert (line["logger"], line["desired_replicas"], line["terms"]) == ("leadscale.decisions", 3,
+                                                                         {"demand_replicas": 2.2})
+    assert set(line) >= {"time", "level", "event", "namespace", "name", "active", "reason", "data_age_s"}

@@ -10,8 +10,8 @@ test suites, Prometheus, the replay client), so step times drift by tens of perc
 and between runs. We hold: engine-side means within 35 % on the slice the profile was fitted on. On
 the other slice: inter-token latency (the step time itself) within 50 %, E2E within a factor of 2,
 and TTFT and queue time within a factor of 3, because near saturation queueing amplifies the drift
-(we saw a 30 % faster engine during one slice halve its queue time); throughput within 40 % (the
-client's wall clock includes the frontend's delays). Client-side
+(we saw a 30 % faster engine during one slice halve its queue time); throughput within 40 % on the
+fitted slice and 50 % on the other (the client's wall clock includes the frontend's delays). Client-side
 percentiles include the CPU build's HTTP frontend (we measured it adding ~1-11 s under load), which
 the simulator does not model: they are printed, not asserted. docs/real-vllm.md records measured
 errors.
@@ -101,8 +101,8 @@ def test_calibrate_on_one_slice_check_on_another(slices: tuple[Path, Path], tmp_
         assert abs(fitted[key]["rel_error"]) < 0.35, (key, fitted[key])
         ratio = checked[key]["simulated"] / checked[key]["measured"]
         assert abs(math.log(ratio)) < bound, (key, checked[key])
-    for table in (fitted, checked):
-        assert abs(table["throughput_tokens_per_s"]["rel_error"]) < 0.40, table["throughput_tokens_per_s"]
+    for table, bound in ((fitted, 0.40), (checked, 0.50)):
+        assert abs(table["throughput_tokens_per_s"]["rel_error"]) < bound, table["throughput_tokens_per_s"]
         assert {"ttft_p50", "ttft_p90", "ttft_p99", "itl_p50", "itl_p90", "e2e_p50", "e2e_p90"} <= set(table)
 
 

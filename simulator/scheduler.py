@@ -1,0 +1,297 @@
+"""vLLM v1's scheduling rules for one replica: the general step, admission, preemption, completion.
+
+Imitates vLLM 0.11's v1 ``Scheduler.schedule()`` (chunked prefill always on, FCFS policy):
+1. Running requests first, in order: each gets ``min(num_tokens - num_computed_tokens, budget left)``
+   new tokens (1 when decoding, a chunk when prefilling) until ``max_num_batched_tokens`` is spent.
+   ``allocate_slots`` needs ``ceil((computed + new) / 16)`` blocks; when the free blocks run out the
+   *tail* of ``running`` (newest) is preempted: its blocks are freed, ``num_computed_tokens`` reset to 0,
+   and it goes back to the *head* of ``waiting`` (recompute of prompt + generated tokens later).
+2. Only if nothing was preempted this step: admit waiting requests FCFS while the budget lasts, fewer
+   than ``max_num_seqs`` run and their blocks fit (prefix-cache hits skip computation, ``kv_cache``).
+3. After the step, each request whose computed tokens reach its token count samples one token (the
+   first one is the TTFT); a request finishes when it has its output length.
+``num_requests_waiting`` includes preempted requests, as in vLLM. Left out: priorities, the
+``long_prefill_token_threshold`` and ``max_num_partial_prefills`` knobs (off by default), spec decode,
+LoRA, multimodal, KV connectors, async scheduling's one-step lag, structured output.
+
+``replica.Replica`` adds the event-driven part (decode runs in closed form) on top of this class.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+
+from simulator.kv_cache import PrefixCache
+from simulator.profiles import PerformanceProfile
+from simulator.results import FINISHED, LatencyHistogram, RequestLog
+from simulator.step_time import DecodeRun
+
+ID, NTOK, COMP, LEFT, NEW = range(5)  # rows of S; LEFT = tokens - final (< 0 while running)
+
+
+class SchedulerState:
+    """Running and waiting requests of one replica, and vLLM v1's general scheduling step over them.
+
+    Running requests are the columns ``[:n]`` of ``S`` (rows ``ID``, ``NTOK`` = prompt + generated tokens,
+    ``COMP`` = num_computed_tokens, ``LEFT`` = NTOK - (prompt + output), ``NEW`` = tokens of the step in
+    progress), in admission order. A request holds exactly ``ceil((COMP + NEW) / block_size)`` KV blocks
+    (vLLM allocates for the scheduled tokens, frees on preemption or finish), so blocks are derived, not
+    stored; scalar bounds on them skip the exact count while the cache is far from full.
+    """
+
+    def __init__(self, profile: PerformanceProfile, log: RequestLog, itl: LatencyHistogram, now: float,
+                 prefix: tuple[np.ndarray, np.ndarray, int] | None = None) -> None:
+        self.profile, self.log, self.itl = profile, log, itl
+        self.clock = now
+        self.bs, self.total_blocks = profile.block_size, profile.num_gpu_blocks
+        self.budget, self.max_seqs, self.model = profile.max_num_batched_tokens, profile.max_num_seqs, profile.step_time
+        self.S = np.zeros((5, profile.max_num_seqs), np.int64)
+        self.n = self.comp_sum = self.new_sum = 0
+        self.all_decoding = True
+        self.fast, self.n_running, self._adm_attn = True, 0, 0.0  # how the step in progress was scheduled
+        self.waiting: deque[int] = deque()
+        self.outstanding_tokens = 0
+        self.prefix: PrefixCache | None = None
+        if prefix is not None:
+            self._block_ids, self._block_offsets, block_tokens = prefix
+            self.prefix = PrefixCache(self.total_blocks * self.bs // block_tokens, block_tokens, self.bs)
+        self.busy_until: float | None = None
+        self.run: DecodeRun | None = None  # a decode run in progress (see replica.Replica)
+        self.step_s = 0.0
+        self.counters = dict(prompt_tokens_total=0, generation_tokens_total=0, request_success_total=0,
+                             num_preemptions_total=0, request_prompt_tokens_sum=0, request_generation_tokens_sum=0)
+
+    def used_blocks(self) -> int:
+        """KV blocks held now (exact); a decode run has one token in flight per request."""
+        n, S, bs = self.n, self.S, self.bs
+        if self.run is not None:
+            return int(((S[COMP, :n] + bs) // bs).sum())
+        return int(((S[COMP, :n] + S[NEW, :n] + (bs - 1)) // bs).sum())
+
+    def _used_bound(self) -> float:
+        """An upper bound on ``used_blocks()`` from running sums (no array work)."""
+        return (self.comp_sum + self.new_sum) / self.bs + self.n
+
+    def _head_tokens(self, budget: int, now: float) -> tuple[int, int] | None:
+        """(cached, scheduled) tokens of the waiting head if seats, budget and arrival allow admitting it."""
+        if not self.waiting or budget <= 0 or self.n >= self.max_seqs:
+            return None
+        rid = self.waiting[0]
+        log = self.log
+        if log.arrival_l[rid] > now:
+            return None
+        ntok = log.input_l[rid] + int(log.generated[rid])
+        cached = self._cached(rid, ntok, touch=False)
+        return cached, min(ntok - cached, budget)
+
+    def _cached(self, rid: int, ntok: int, touch: bool) -> int:
+        if self.prefix is None:
+            return 0
+        return self.prefix.lookup(self._block_ids[self._block_offsets[rid]: self._block_offsets[rid + 1]], ntok,
+                                  touch=touch)
+
+    # ----- one general step ------------------------------------------------------------------------------
+    def _start_step(self) -> float | None:
+        """One general step (chunked prefill, admissions, preemption); None when there is nothing to run.
+
+        Fast path (the common one): every running request decodes and all fit the budget, so the
+        running part needs one array write and the step inputs come from running sums.
+        """
+        n, S = self.n, self.S
+        self.run = None
+        self.n_running = n  # requests before admission: only these can be decoding
+        self._adm_attn = 0.0
+        preempted = False
+        free: int | None = None  # exact free blocks, computed only when the bound is not enough
+        self.fast = self.all_decoding and n <= self.budget
+        if self.fast:
+            S[NEW, :n] = 1
+            self.new_sum = n
+        else:
+            need = S[NTOK, :n] - S[COMP, :n]
+            cum = np.cumsum(need)
+            S[NEW, :n] = np.clip(self.budget - (cum - need), 0, need)
+            self.new_sum = min(int(cum[-1]), self.budget)
+        if self._used_bound() > self.total_blocks:
+            free = self.total_blocks - self.used_blocks()
+            if free < 0:
+                self.fast = False
+                free, preempted = self._schedule_with_preemption()
+                self.n_running = self.n
+        if not preempted:
+            self._admit(self.budget - self.new_sum, free)
+        n = self.n
+        if n == 0:  # idle, or everything running was preempted (the next step admits)
+            self.busy_until = None
+            return self._zero_step() if preempted else None
+        n0 = self.n_running
+        if self.fast:
+            decodes, context = n0, self.comp_sum - int(S[COMP, n0:n].sum()) + n0
+        else:
+            new, comp = S[NEW, :n0], S[COMP, :n0]
+            decode = (new == 1) & (S[NTOK, :n0] - comp == 1)
+            partial = (new > 0) & ~decode
+            decodes, context = int(decode.sum()), float(comp[decode].sum() + decode.sum())
+            p_new = new[partial]
+            self._adm_attn += float((p_new * (comp[partial] + p_new / 2.0)).sum())
+            n0 = int(partial.sum()) + decodes
+        seqs = n0 + n - self.n_running  # scheduled running requests + admitted ones
+        self.step_s = self.model.step_time(self.new_sum, seqs, float(context), self._adm_attn)
+        self.busy_until = self.clock + self.step_s
+        return self.busy_until
+
+    def _zero_step(self) -> float:
+        """Everything running was preempted this step: nothing computes; the next step admits."""
+        self.step_s = self.model.step_time(0, 0, 0.0, 0.0)
+        self.busy_until = self.clock + self.step_s
+        return self.busy_until
+
+    def _schedule_with_preemption(self) -> tuple[int, bool]:
+        """vLLM's sequential loop: allocate in order, preempting the newest running request on shortage."""
+        S, bs = self.S, self.bs
+        S[NEW, : self.n] = 0
+        self.new_sum = 0
+        budget, free, preempted, i = self.budget, self.total_blocks - self.used_blocks(), False, 0
+        while i < self.n and budget > 0:
+            comp = int(S[COMP, i])
+            nt = min(int(S[NTOK, i]) - comp, budget)
+            extra = -(-(comp + nt) // bs) - -(-comp // bs)
+            while extra > free and self.n > i:
+                free += self._preempt(self.n - 1)
+                preempted = True
+            if self.n <= i:
+                break
+            S[NEW, i] = nt
+            free -= extra
+            budget -= nt
+            i += 1
+        self.new_sum = self.budget - budget
+        return free, preempted
+
+    def _preempt(self, j: int) -> int:
+        """Preempt running slot ``j`` (the tail): recompute later; returns the blocks freed."""
+        S, log = self.S, self.log
+        rid = int(S[ID, j])
+        comp = int(S[COMP, j])
+        log.generated[rid] = S[NTOK, j] - log.input_tokens[rid]
+        log.preemptions[rid] += 1
+        self.counters["num_preemptions_total"] += 1
+        self.waiting.appendleft(rid)
+        self.n -= 1
+        self.comp_sum -= comp
+        return -(-comp // self.bs)
+
+    def _admit(self, budget: int, free: int | None) -> None:
+        """Admit waiting requests FCFS while seats, budget and blocks last (each one a prefill)."""
+        log, S, bs, now = self.log, self.S, self.bs, self.clock
+        bound = self._used_bound()
+        while True:
+            head = self._head_tokens(budget, now)
+            if head is None:
+                break
+            cached, nt = head
+            want = -(-(cached + nt) // bs)
+            if free is None and bound + want > self.total_blocks:
+                free = self.total_blocks - self.used_blocks()
+            if free is not None:
+                if want > free:
+                    break
+                free -= want
+            bound += want
+            rid = self.waiting.popleft()
+            ntok = int(log.input_tokens[rid] + log.generated[rid])
+            if self.prefix is not None:
+                self._cached(rid, ntok, touch=True)
+            j = self.n
+            S[:, j] = (rid, ntok, cached, ntok - log.input_tokens[rid] - log.output_tokens[rid], nt)
+            self.n += 1
+            self.comp_sum += cached
+            self.new_sum += nt
+            self._adm_attn += nt * (cached + nt / 2.0)
+            budget -= nt
+            if log.first_scheduled_s[rid] != log.first_scheduled_s[rid]:  # NaN: first time
+                log.first_scheduled_s[rid] = now
+
+    def _complete_step(self) -> None:
+        """Apply the general step just scheduled: computed tokens, samples, first tokens, finishes."""
+        n, S, n0 = self.n, self.S, self.n_running
+        end = self.clock + self.step_s
+        if self.fast:  # running part: one decode token each; admitted ones one by one
+            S[NTOK:NEW, :n0] += 1
+            decodes = n0
+            first = []
+            prefilled = True
+            for j in range(n0, n):
+                rid, ntok, comp, left, new = S[:, j].tolist()
+                if comp + new == ntok:  # prefill done: first token (or first after a recompute)
+                    S[:, j] = (rid, ntok + 1, ntok, left + 1, 0)
+                    first.append(rid)
+                else:
+                    S[COMP, j] = comp + new
+                    prefilled = False
+            count = n0 + len(first)
+        else:
+            new = S[NEW, :n]
+            was_decode = (new == 1) & (S[NTOK, :n] - S[COMP, :n] == 1)
+            was_decode[n0:] = False
+            S[COMP, :n] += new
+            sampled = (new > 0) & (S[COMP, :n] == S[NTOK, :n])
+            S[NTOK, :n] += sampled
+            S[LEFT, :n] += sampled
+            count, decodes = int(sampled.sum()), int(was_decode.sum())
+            first = S[ID, :n][sampled & ~was_decode].tolist()
+        S[NEW, :n] = 0
+        self.comp_sum += self.new_sum
+        self.new_sum = 0
+        self.counters["generation_tokens_total"] += count
+        if decodes:
+            self.itl.add(self.step_s, float(decodes))
+        if first:
+            self._first_tokens(first, end)
+        self._finish_done(end)
+        if not self.fast or not prefilled:
+            n = self.n
+            self.all_decoding = bool((S[NTOK, :n] - S[COMP, :n] == 1).all())
+
+    def _first_tokens(self, ids: list[int], end: float) -> None:
+        """Record first tokens (not re-samples after a recompute) and remember prompts for prefix caching."""
+        log, first_token = self.log, self.log.first_token_s
+        for rid in ids:
+            if first_token[rid] == first_token[rid]:  # not NaN: a re-sample after recompute
+                continue
+            first_token[rid] = end
+            self.counters["prompt_tokens_total"] += log.input_l[rid]
+            if self.prefix is not None:
+                self.prefix.insert(self._block_ids[self._block_offsets[rid]: self._block_offsets[rid + 1]],
+                                   log.input_l[rid])
+
+    def _finish_done(self, end: float) -> None:
+        """Retire the running requests that reached their output length at ``end``; compact the columns."""
+        n, S = self.n, self.S
+        done = S[LEFT, :n] == 0
+        if not done.any():
+            return
+        idx = done.nonzero()[0].tolist()
+        log, c = self.log, self.counters
+        prompt = output = 0
+        for i in idx:
+            rid = int(S[ID, i])
+            log.finish_s[rid] = end
+            log.status[rid] = FINISHED
+            out = log.tokens_l[rid] - log.input_l[rid]
+            log.generated[rid] = out
+            prompt += log.input_l[rid]
+            output += out
+            self.comp_sum -= int(S[COMP, i])
+        c["request_success_total"] += len(idx)
+        c["request_prompt_tokens_sum"] += prompt
+        c["request_generation_tokens_sum"] += output
+        self.outstanding_tokens -= prompt + output
+        if len(idx) == 1:
+            i = idx[0]
+            S[:, i: n - 1] = S[:, i + 1: n]
+        else:
+            S[:, : n - len(idx)] = S[:, :n][:, ~done]
+        self.n = n - len(idx)
