@@ -62,8 +62,6 @@ class PolicyConfig:
     """Two-sided confidence of the Theil–Sen interval whose lower bound is extrapolated."""
     rate_window_s: float = 60.0
     """Window of the token-rate signals; backlog growth is measured over the same window."""
-    capacity_memory_s: float = 1800.0
-    """Seconds a replica's throughput observed under saturation is remembered."""
 
     def __post_init__(self) -> None:
         problems: list[str] = []
@@ -86,7 +84,6 @@ class PolicyConfig:
         number("trend_window_s", 0.0, math.inf, True, "a finite number > 0")
         number("trend_confidence", 0.0, 1.0, True, "a number with 0 < c < 1")
         number("rate_window_s", 0.0, math.inf, True, "a finite number > 0")
-        number("capacity_memory_s", 0.0, math.inf, False, "a finite number >= 0")
         if self.trend_confidence == 1.0:
             problems.append("trend_confidence=1.0: must be a number with 0 < c < 1")
         for name in ("min_replicas", "max_replicas"):
@@ -198,10 +195,13 @@ def decide(signals: Signals, state: PolicyState, config: PolicyConfig, now: floa
     waiting_samples = window.push(state.waiting, now, waiting_tokens, config.rate_window_s * 1.5)
     recent_waiting = window.since(waiting_samples, now - config.rate_window_s)
     mean_queue = _clip(sum(v for _, v in recent_waiting) / len(recent_waiting) * work_per_token)
+    # a queue all window long: the rates of that window are what the fleet can do, not what it was asked
+    queued_throughout = (waiting_samples[0][0] <= now - config.rate_window_s
+                         and all(v > 0 for _, v in recent_waiting))
 
     # 2. what a replica really delivers on this workload (learned from past snapshots only)
-    seen, capacity_memory = efficiency.assess(state.capacity, signals, served, mean_queue, now,
-                                              config.rate_window_s, config.capacity_memory_s, config.ttft_slo_s)
+    seen, capacity_memory = efficiency.assess(state.capacity, signals, served, mean_queue, queued_throughout, now,
+                                              config.rate_window_s, config.target_utilization, config.ttft_slo_s)
     level = _clip(seen.factor * nominal)
 
     # 3. forecast over the lead time from the confident part of the trend (of nominal demand)
@@ -221,9 +221,7 @@ def decide(signals: Signals, state: PolicyState, config: PolicyConfig, now: floa
     projected = _clip(forecast.project_backlog(backlog, level, slope, signals.ready_replicas, arrivals, lead_s))
 
     # 5. replicas needed at the horizon
-    tail_cap = efficiency.tail_utilization(signals.mean_prompt_tokens, cap.prefill_tokens_per_s, config.ttft_slo_s)
-    utilization = min(config.target_utilization, tail_cap)
-    for_utilization = max(predicted_sustained, seen.kv_replicas) / utilization
+    for_utilization = max(predicted_sustained, seen.kv_replicas) / config.target_utilization
     for_peak = predicted
     for_backlog = predicted + projected / config.backlog_drain_s
     needed = min(max(for_utilization, for_peak, for_backlog), float(config.max_replicas))
@@ -265,7 +263,6 @@ def decide(signals: Signals, state: PolicyState, config: PolicyConfig, now: floa
         "projected_backlog_replica_s": projected,
         "ready_replicas": float(signals.ready_replicas),
         "starting_replicas": float(signals.starting_replicas),
-        "tail_utilization": tail_cap,
         "needed_for_utilization": for_utilization,
         "needed_for_peak": for_peak,
         "needed_for_backlog": for_backlog,

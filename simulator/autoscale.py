@@ -105,14 +105,19 @@ def run_autoscaled(workload: Any, profile: Any, policy: str | TriggerPolicy | Fi
                    max_replicas: int = 100, initial_replicas: int | None = None, drain_grace_s: float = 30.0,
                    tick_s: float = 1.0, observe: ObserveConfig | None = None,
                    backend_factory: Callable[..., Backend] = default_backend, oracle_alpha: float | None = None,
-                   oracle_steps: int = 5, backend_options: dict[str, Any] | None = None) -> AutoscaleResult:
-    """Simulate ``workload`` under ``policy`` (a name or a built policy); deterministic for a seed."""
+                   oracle_steps: int = 5, backend_options: dict[str, Any] | None = None,
+                   leadscale_metadata: dict[str, str] | None = None) -> AutoscaleResult:
+    """Simulate ``workload`` under ``policy`` (a name or a built policy); deterministic for a seed.
+
+    ``leadscale_metadata`` adds or overrides trigger metadata keys of ``leadscale`` (e.g.
+    ``{"targetUtilization": "0.9"}``), validated by the live scaler's own parser.
+    """
     slo_ttft_s = float(slo)
     if not (math.isfinite(slo_ttft_s) and slo_ttft_s > 0):
         raise ValueError(f"slo={slo!r}: the TTFT SLO must be a finite number of seconds > 0")
     cold = as_cold_start(cold_start)
-    built = make_policy(policy, profile_keys(profile, slo_ttft_s), slo_ttft_s, min_replicas, max_replicas) \
-        if isinstance(policy, str) else policy
+    built = make_policy(policy, profile_keys(profile, slo_ttft_s), slo_ttft_s, min_replicas, max_replicas,
+                        leadscale_metadata) if isinstance(policy, str) else policy
     capacity = profile.capacity(slo_ttft_s)
     duration = float(workload.arrival_s[-1]) if len(workload.arrival_s) else 0.0
     need = demand_replicas(workload, profile, capacity, max(duration, oracle_mod.BUCKET_S))

@@ -44,6 +44,8 @@ def add_compare_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--drain-grace", type=float, default=30.0,
                         help="termination grace period of a deleted pod, seconds (default 30)")
     parser.add_argument("--jobs", type=int, default=0, help="parallel processes (default: one per core)")
+    parser.add_argument("--leadscale-meta", action="append", default=[], metavar="KEY=VALUE",
+                        help="extra trigger metadata for leadscale (repeatable), e.g. targetUtilization=0.9")
 
 
 def register(subparsers: Any) -> None:
@@ -89,7 +91,13 @@ def compare(workload: Any, profile: Any, policies: Sequence[str], cold_start: st
     from simulator.policies import parse_policies
 
     names = parse_policies(",".join(policies))
-    parse_cold_start(cold_start)  # fail before any work
+    parse_cold_start(cold_start)  # fail before any work, in this process (worker errors pickle badly)
+    if "leadscale" in names:
+        from simulator.autoscale import profile_keys
+        from simulator.policies import make_policy
+
+        make_policy("leadscale", profile_keys(profile, slo_ttft_s), slo_ttft_s,
+                    leadscale_extra=kwargs.get("leadscale_metadata"))
     work = [(n, workload, profile, cold_start, slo_ttft_s, seed, kwargs) for n in names]
     # the oracle re-simulates several times: start it first so it overlaps with the others
     work.sort(key=lambda job: job[0] != "oracle")
@@ -100,6 +108,13 @@ def compare(workload: Any, profile: Any, policies: Sequence[str], cold_start: st
         with ProcessPoolExecutor(max_workers=workers) as pool:
             done = dict(pool.map(_one, work))
     return {n: done[n] for n in names}
+
+
+def _key_value(item: str) -> tuple[str, str]:
+    key, sep, value = item.partition("=")
+    if not sep or not key.strip():
+        raise ValueError(f"--leadscale-meta {item!r}: expected KEY=VALUE, e.g. targetUtilization=0.9")
+    return key.strip(), value.strip()
 
 
 def _inputs(args: argparse.Namespace) -> Any:
@@ -113,12 +128,14 @@ def run(args: argparse.Namespace) -> int:
     from simulator.report import write_report
 
     try:
+        meta = dict(_key_value(item) for item in args.leadscale_meta)
         inputs = _inputs(args)
         workload, profile, slo, seed = inputs.workload, inputs.profile, inputs.slo_ttft_s, inputs.seed
         results = compare(workload, profile, args.policies.split(","), args.cold_start, slo, seed, jobs=args.jobs,
                           min_replicas=args.min_replicas, max_replicas=args.max_replicas,
-                          drain_grace_s=args.drain_grace, backend_options={"slo_tpot_s": inputs.slo_tpot_s})
-    except (ValueError, KeyError, FileNotFoundError) as exc:
+                          drain_grace_s=args.drain_grace, backend_options={"slo_tpot_s": inputs.slo_tpot_s},
+                          leadscale_metadata=meta or None)
+    except (ValueError, KeyError, FileNotFoundError) as exc:  # MetadataError is a ValueError
         print(f"leadscale compare: {exc}", file=sys.stderr)
         return 2
     out = Path(args.out)
@@ -127,6 +144,10 @@ def run(args: argparse.Namespace) -> int:
     notes = [f"workload {getattr(workload, 'name', 'workload')}, {len(workload.arrival_s)} requests; profile "
              f"{getattr(profile, 'name', profile)}; cold start {args.cold_start}; TTFT SLO p95 <= {slo:g} s; "
              f"seed {seed}."]
+    if "oracle" in results:
+        o = results["oracle"].summary
+        notes.append(f"oracle: headroom alpha {o.get('oracle_alpha', float('nan')):.3f} after {o.get('oracle_runs')} "
+                     f"verification runs; meets the SLO: {'yes' if o.get('oracle_meets_slo') else 'no'}.")
     write_report(results, out, "leadscale compare", slo, notes)
     (out / "summary.json").write_text(json.dumps(payload, indent=2) + "\n")
     if args.json:

@@ -124,7 +124,7 @@ class Replica(SchedulerState):
         log.generated[running] = S[NTOK, :n] - log.input_tokens[running]
         ids = [int(i) for i in running] + list(self.waiting)
         log.status[ids] = ABORTED
-        self.n = self.comp_sum = self.new_sum = self.outstanding_tokens = 0
+        self.n = self.comp_sum = self.new_sum = self.outstanding_tokens = self.fresh = 0
         self.busy_until, self.run = None, None
         self.waiting.clear()
         return ids

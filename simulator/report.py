@@ -144,7 +144,10 @@ def write_report(results: Mapping[str, ResultLike], out_dir: str | Path, title: 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     pngs = plot(results, out, slo_ttft_s)
-    md = [f"# {title}", "", *notes, "", markdown_table(results), ""]
+    md = [f"# {title}", ""]
+    for note in notes:
+        md += [note, ""]
+    md += [markdown_table(results), ""]
     md += [f"![{p}]({p})" for p in pngs]
     (out / "report.md").write_text("\n".join(md) + "\n")
     header, rows = table_rows(results)

@@ -49,7 +49,8 @@ class SchedulerState:
         self.budget, self.max_seqs, self.model = profile.max_num_batched_tokens, profile.max_num_seqs, profile.step_time
         self.S = np.zeros((5, profile.max_num_seqs), np.int64)
         self.n = self.comp_sum = self.new_sum = 0
-        self.all_decoding = True
+        self.all_decoding = True  # every running request has its first token and one token to compute
+        self.fresh = 0  # running requests still before their first token
         self.fast, self.n_running, self._adm_attn = True, 0, 0.0  # how the step in progress was scheduled
         self.waiting: deque[int] = deque()
         self.outstanding_tokens = 0
@@ -177,6 +178,8 @@ class SchedulerState:
         comp = int(S[COMP, j])
         log.generated[rid] = S[NTOK, j] - log.input_tokens[rid]
         log.preemptions[rid] += 1
+        if log.first_token_s[rid] != log.first_token_s[rid]:  # NaN: preempted before its first token
+            self.fresh -= 1
         self.counters["num_preemptions_total"] += 1
         self.waiting.appendleft(rid)
         self.n -= 1
@@ -213,6 +216,8 @@ class SchedulerState:
             budget -= nt
             if log.first_scheduled_s[rid] != log.first_scheduled_s[rid]:  # NaN: first time
                 log.first_scheduled_s[rid] = now
+            if log.first_token_s[rid] != log.first_token_s[rid]:
+                self.fresh += 1
 
     def _complete_step(self) -> None:
         """Apply the general step just scheduled: computed tokens, samples, first tokens, finishes."""
@@ -240,8 +245,10 @@ class SchedulerState:
             sampled = (new > 0) & (S[COMP, :n] == S[NTOK, :n])
             S[NTOK, :n] += sampled
             S[LEFT, :n] += sampled
-            count, decodes = int(sampled.sum()), int(was_decode.sum())
-            first = S[ID, :n][sampled & ~was_decode].tolist()
+            ids = S[ID, :n][sampled]
+            is_first = np.isnan(self.log.first_token_s[ids])  # a prefill's last chunk may be 1 token
+            count, decodes = int(ids.size), int((was_decode[sampled] & ~is_first).sum())
+            first = ids[is_first].tolist()
         S[NEW, :n] = 0
         self.comp_sum += self.new_sum
         self.new_sum = 0
@@ -251,9 +258,9 @@ class SchedulerState:
         if first:
             self._first_tokens(first, end)
         self._finish_done(end)
-        if not self.fast or not prefilled:
+        if not self.fast or not prefilled or self.fresh:
             n = self.n
-            self.all_decoding = bool((S[NTOK, :n] - S[COMP, :n] == 1).all())
+            self.all_decoding = self.fresh == 0 and bool((S[NTOK, :n] - S[COMP, :n] == 1).all())
 
     def _first_tokens(self, ids: list[int], end: float) -> None:
         """Record first tokens (not re-samples after a recompute) and remember prompts for prefix caching."""
@@ -262,6 +269,7 @@ class SchedulerState:
             if first_token[rid] == first_token[rid]:  # not NaN: a re-sample after recompute
                 continue
             first_token[rid] = end
+            self.fresh -= 1
             self.counters["prompt_tokens_total"] += log.input_l[rid]
             if self.prefix is not None:
                 self.prefix.insert(self._block_ids[self._block_offsets[rid]: self._block_offsets[rid + 1]],

@@ -330,3 +330,20 @@ def test_compare_cli_prints_policies_json_and_writes_the_report(tmp_path, capsys
     assert main(["compare", "--trace", str(trace), "--duration", "60", "--policies", "cpu", "--out",
                  str(tmp_path / "bad")]) == 2
     assert "'cpu' is not a policy" in capsys.readouterr().err
+
+
+def test_compare_checks_leadscale_metadata_with_the_live_parser_before_running() -> None:
+    from scaler.metadata import MetadataError
+    from simulator.compare_cli import _key_value, compare
+
+    with pytest.raises(MetadataError, match="did you mean 'targetUtilization'"):
+        compare(ramp_workload(minutes=2), Profile(), ["leadscale"], "fixed:60", 2.0, 1, jobs=1,
+                backend_factory=QueueBackend, leadscale_metadata={"targetUtilisation": "0.9"})
+    tuned = compare(ramp_workload(minutes=5), Profile(), ["leadscale"], "fixed:60", 2.0, 1, jobs=1,
+                    backend_factory=QueueBackend, leadscale_metadata={"targetUtilization": "0.5"})
+    default = compare(ramp_workload(minutes=5), Profile(), ["leadscale"], "fixed:60", 2.0, 1, jobs=1,
+                      backend_factory=QueueBackend)
+    assert tuned["leadscale"].summary["gpu_hours"] > default["leadscale"].summary["gpu_hours"]
+    assert _key_value(" a = b ") == ("a", "b")
+    with pytest.raises(ValueError, match="expected KEY=VALUE"):
+        _key_value("novalue")

@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from simulator.coldstart import ColdStart, ColdStartError, as_cold_start, parse_cold_start
@@ -121,6 +121,7 @@ def test_any_text_parses_or_raises_cold_start_error(spec: str) -> None:
     assert math.isfinite(value) and value > 0
 
 
+@settings(max_examples=50, deadline=None)
 @given(st.floats(1, 1e4), st.floats(1, 10))
 def test_lognormal_sampling_is_positive_and_finite(p50: float, ratio: float) -> None:
     cs = parse_cold_start(f"lognormal:p50={p50},p90={p50 * ratio}")

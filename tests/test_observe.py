@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from simulator.observe import ObserveConfig, Observer, extrapolated_rate, metrics_of
@@ -119,6 +119,7 @@ def test_config_errors_name_the_field() -> None:
         ObserveConfig(scrape_interval_s=15, rate_window_s=20)
 
 
+@settings(max_examples=50, deadline=None)
 @given(st.lists(st.floats(0, 1e6, allow_nan=False), min_size=2, max_size=20), st.floats(1, 100))
 def test_rate_is_finite_and_non_negative(increments: list[float], step: float) -> None:
     values, total = [], 0.0

@@ -189,11 +189,12 @@ def test_burst_up_then_down_only_after_the_delay() -> None:
     fleet = FluidFleet(lambda t: 8.0 if 600 <= t < 1800 else 1.0, cfg, ready=2)
     fleet.run_until(3600)
     assert max(desired_between(fleet, 0, 600)) <= 2
-    assert min(desired_between(fleet, 900, 1800)) >= 10  # 8 replicas of demand at 0.8 target
+    burst = min(desired_between(fleet, 900, 1800))
+    assert burst >= 9  # 8 replicas of demand plus headroom (the learned efficiency may trim the 0.8 target)
     # the burst ends at 1800: nothing goes below the burst's size before 1800 + delay
-    assert min(desired_between(fleet, 1800, 1800 + 300 - 60)) >= 10
+    assert min(desired_between(fleet, 1800, 1800 + 300 - 60)) >= burst
     assert max(desired_between(fleet, 2700, 3600)) <= 2
-    downs = [t for t, d, _, _ in fleet.log if t > 1800 and d.desired_replicas < 10]
+    downs = [t for t, d, _, _ in fleet.log if t > 1800 and d.desired_replicas < burst]
     assert downs and downs[0] >= 1800 + 300 - 60  # rate windows lag the end of the burst by up to 60 s
 
 
@@ -209,7 +210,8 @@ def test_no_runaway_while_replicas_start() -> None:
     # once the first ordered replicas are ready, nothing more is asked for
     after_arrival = desired_between(fleet, 300 + 180 + 60, 300 + 180 + 300)
     assert max(after_arrival) <= peak
-    assert desired_between(fleet, 1400, 1500)[-1] == 13
+    last = fleet.log[-1][1]
+    assert last.desired_replicas == math.ceil(10.0 / 0.8 / last.terms["efficiency"] - 1e-9) >= 11
 
 
 def test_starting_replicas_are_not_asked_for_again() -> None:

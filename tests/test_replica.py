@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
@@ -13,7 +14,7 @@ from simulator import replica as replica_mod
 from simulator.engine import simulate
 from simulator.kv_cache import MemoryLedger
 from simulator.profiles import PerformanceProfile, get_profile
-from simulator.replica import COMP, LEFT, NEW, NTOK
+from simulator.replica import COMP, ID, LEFT, NEW, NTOK
 from simulator.results import FINISHED
 from simulator.step_time import LinearStepTime
 from simulator.workload import Workload
@@ -69,6 +70,7 @@ class Checker:
         assert rep.used_blocks() <= rep.total_blocks, "KV over capacity"
         assert rep.used_blocks() <= rep._used_bound()
         assert int(S[COMP, :n].sum()) == rep.comp_sum
+        assert rep.fresh == int(np.isnan(rep.log.first_token_s[S[ID, :n]]).sum())
         assert (S[COMP, :n] + new <= S[NTOK, :n]).all() and (S[LEFT, :n] < 0).all()
 
 
@@ -90,6 +92,7 @@ def test_every_request_finishes_exactly_once_with_fcfs_admission(monkeypatch: py
     res = simulate(w, tiny_profile())
     log = res.log
     assert (log.status == FINISHED).all()
+    assert np.isfinite(log.first_token_s).all()
     assert (log.generated == log.output_tokens).all()
     assert (log.first_token_s >= log.first_scheduled_s).all() and (log.finish_s >= log.first_token_s).all()
     never_preempted = log.preemptions == 0
@@ -110,7 +113,10 @@ def test_preemption_frees_blocks_and_request_completes(monkeypatch: pytest.Monke
     assert res.log.preemptions[0] == 0  # the oldest is never the victim while others run
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+FUZZ_EXAMPLES = int(os.environ.get("SIM_FUZZ_EXAMPLES", "25"))  # raise it locally to hunt harder
+
+
+@settings(max_examples=FUZZ_EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_invariants_on_random_workloads(monkeypatch: pytest.MonkeyPatch, data: st.DataObject) -> None:
     n = data.draw(st.integers(1, 40))
@@ -122,6 +128,9 @@ def test_invariants_on_random_workloads(monkeypatch: pytest.MonkeyPatch, data: s
     checker = Checker(monkeypatch)
     res = simulate(workload(arrivals, inp, out), tiny_profile(seqs=seqs, budget=budget))
     assert (res.log.status == FINISHED).all()
+    assert np.isfinite(res.log.first_token_s).all(), "every finished request had a first token"
+    assert (res.log.first_token_s >= res.log.first_scheduled_s).all()
+    assert (res.log.finish_s >= res.log.first_token_s).all()
     assert res.summary()["completed"] == n
     assert checker.steps > 0
 
