@@ -270,7 +270,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     finally:
         server.terminate()
-        server.wait(timeout=15)
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            print("server did not stop within 30 s of SIGTERM; killed", file=sys.stderr)
+            server.kill()
+            server.wait()
 
 
 if __name__ == "__main__":

@@ -13,9 +13,10 @@ units of token work:
   (Little's law: mean queued work / throughput) exceeds a third of the TTFT budget (the p95 of an
   exponential wait is ln 20 ≈ 3 × its mean) or the KV cache is full with requests waiting; once
   requests have waited a whole rate window (so the rates measure capacity, not a demand that just
-  rose), ``e`` drops to what one replica is serving there (``served / ready``). While the fleet runs near
-  its target utilization with the mean wait under half that limit, ``e`` grows by
-  ``PROBE_PER_S`` a second. An idle or lightly loaded fleet teaches nothing and ``e`` stays put.
+  rose), ``e`` drops to what one replica is serving there (``served / ready``). While the fleet runs
+  near its target utilization with the mean wait under half that limit, ``e`` grows by half the
+  utilization headroom per lead time (``PROBE_SHARE``). An idle or lightly loaded fleet teaches
+  nothing and ``e`` stays put.
   Observations count only when the fleet had the same ready replicas for 1.5 rate windows (rates
   lag readiness; a fleet that just changed reads wrong).
 
@@ -43,9 +44,10 @@ TAIL_FACTOR = 3.0
 KV_FULL = 0.95
 """KV usage at which vLLM starts to preempt: with requests waiting, the fleet is at its edge."""
 
-PROBE_PER_S = 0.0005
-"""Additive increase of the efficiency per second of comfortable, loaded operation (+3 % a minute):
-slow against the lead time, so one probe step never outruns what a cold start can correct."""
+PROBE_SHARE = 0.5
+"""Share of the utilization headroom (1/u − 1) the efficiency may grow by per lead time: a probe
+that overshoots the real edge is then still inside the headroom when the replicas it calls for
+arrive (u = 0.8 and a 240 s lead time: +12 % per lead time, 0.05 % a second)."""
 
 LOADED = 0.85
 """A fleet serving at least this share of its target is loaded enough for its calm to mean slack."""
@@ -77,7 +79,7 @@ class Assessment:
 
 def assess(memory: CapacityMemory, signals: Signals, served: float, mean_queue_replica_s: float,
            queued_throughout: bool, now: float, rate_window_s: float, target_utilization: float,
-           ttft_s: float) -> tuple[Assessment, CapacityMemory]:
+           ttft_s: float, lead_s: float) -> tuple[Assessment, CapacityMemory]:
     """Factors from past observations, and the memory updated with this snapshot's.
 
     ``mean_queue_replica_s`` is the mean waiting work over the rate window, in replica-seconds;
@@ -105,7 +107,8 @@ def assess(memory: CapacityMemory, signals: Signals, served: float, mean_queue_r
     if saturated and queued_throughout:
         learned = min(efficiency, per_replica)
     elif calm and per_replica >= LOADED * target_utilization * efficiency:
-        learned = efficiency + PROBE_PER_S * min(dt, rate_window_s)
+        probe_per_s = PROBE_SHARE * (1.0 / target_utilization - 1.0) / max(lead_s, rate_window_s)
+        learned = efficiency * (1.0 + probe_per_s * min(dt, rate_window_s))
     learned = min(max(learned, MIN_EFFICIENCY), MAX_EFFICIENCY)
 
     kv_ratios = window.since(memory.kv_ratios, now - rate_window_s)

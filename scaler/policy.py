@@ -6,11 +6,13 @@ one replica sustains within the SLO, ``ReplicaCapacity``):
 
 1. demand = prompt tokens/s ÷ prefill capacity + generated tokens/s ÷ decode capacity, plus the
    growth of the waiting backlog over the rate window (a saturated fleet's throughput understates
-   what arrives: arrivals = served + backlog growth);
-2. forecast = demand + the confident part of its robust trend × lead time;
+   what arrives: arrivals = served + backlog growth), scaled by what a replica really delivers on
+   this workload (``scaler.efficiency``, learned from the fleet's queue and KV cache);
+2. forecast = demand + the confident part of its robust trend × lead time (peak, and sustained);
 3. projected backlog = what is still queued when replicas ordered now could be ready, with the
    replicas already starting counted as they come (no 2→4→8 runaway);
-4. needed = max(forecast ÷ target utilization, forecast + projected backlog ÷ drain time);
+4. needed = max(sustained forecast ÷ target utilization, peak forecast,
+   peak forecast + projected backlog ÷ drain time);
 5. desired = the largest recommendation of the last ``scale_down_delay_s`` (scale-up is immediate,
    scale-down waits), bounded by min/max and at least 1 while active.
 
@@ -41,8 +43,9 @@ class PolicyConfig:
 
     Defaults and why: ``target_utilization`` 0.8 leaves room for arrival variance within the SLO;
     ``backlog_drain_s`` 60 equals the usual rate window (a faster drain cannot be observed in 60 s
-    rates, so it would only overshoot); ``trend_window_s`` 120 holds ~24 samples at the 5 s interval,
-    enough for Theil–Sen to shrug off outliers while following a ramp within two minutes;
+    rates, so it would only overshoot); ``trend_window_s`` 600 is over twice the lead time (the
+    forecast never reaches further ahead than the evidence behind it) and holds 10 independent
+    points at one per 60 s rate window, enough for Theil–Sen to shrug off outliers and bursts;
     ``trend_confidence`` 0.8 extrapolates only a slope that is positive with 90 % one-sided confidence.
     """
 
@@ -201,7 +204,8 @@ def decide(signals: Signals, state: PolicyState, config: PolicyConfig, now: floa
 
     # 2. what a replica really delivers on this workload (learned from past snapshots only)
     seen, capacity_memory = efficiency.assess(state.capacity, signals, served, mean_queue, queued_throughout, now,
-                                              config.rate_window_s, config.target_utilization, config.ttft_slo_s)
+                                              config.rate_window_s, config.target_utilization, config.ttft_slo_s,
+                                              lead_s)
     level = _clip(seen.factor * nominal)
 
     # 3. forecast over the lead time from the confident part of the trend (of nominal demand)

@@ -220,7 +220,8 @@ def serve_forever(args: Any) -> int:
     done = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())
-    done.wait()
+    while not done.wait(1.0):  # a timed wait keeps the main thread responsive to signals
+        pass
     LOG.info("shutting down")
     running.stop()
     evaluator.stop()

@@ -101,7 +101,8 @@ def compare(workload: Any, profile: Any, policies: Sequence[str], cold_start: st
     work = [(n, workload, profile, cold_start, slo_ttft_s, seed, kwargs) for n in names]
     # the oracle re-simulates several times: start it first so it overlaps with the others
     work.sort(key=lambda job: job[0] != "oracle")
-    workers = min(len(work), jobs if jobs > 0 else (os.cpu_count() or 1))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    workers = min(len(work), jobs if jobs > 0 else cores)
     if workers <= 1:
         done = dict(_one(job) for job in work)
     else:
@@ -122,6 +123,31 @@ def _inputs(args: argparse.Namespace) -> Any:
     from simulator.cli import build_run_inputs
 
     return build_run_inputs(args)
+
+
+def _slug(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_" else "_" for c in name)
+
+
+def write_timelines(results: dict[str, Any], out: Path) -> None:
+    """Per policy ``timeline_<name>.csv`` (replicas by phase and demand every 10 s) and, for leadscale,
+    ``decisions_leadscale.csv`` (every term of every decision: the numbers to tune against)."""
+    import csv
+
+    for name, result in results.items():
+        tl = result.timeline
+        columns = [c for c in ("t", "ready", "starting", "draining", "demand") if c in tl]
+        with open(out / f"timeline_{_slug(name)}.csv", "w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(columns)
+            writer.writerows(zip(*(tl[c].tolist() for c in columns), strict=True))
+        if result.decisions:
+            terms = list(result.decisions[0][2])
+            with open(out / f"decisions_{_slug(name)}.csv", "w", newline="") as f:
+                writer = csv.writer(f)
+                writer.writerow(["t", "desired_replicas", *terms])
+                for t, desired, values in result.decisions:
+                    writer.writerow([t, desired, *(values.get(k) for k in terms)])
 
 
 def run(args: argparse.Namespace) -> int:
@@ -150,6 +176,7 @@ def run(args: argparse.Namespace) -> int:
                      f"verification runs; meets the SLO: {'yes' if o.get('oracle_meets_slo') else 'no'}.")
     write_report(results, out, "leadscale compare", slo, notes)
     (out / "summary.json").write_text(json.dumps(payload, indent=2) + "\n")
+    write_timelines(results, out)
     if args.json:
         print(json.dumps(payload))
     else:

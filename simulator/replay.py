@@ -51,6 +51,9 @@ class ReplayConfig:
     slo_ttft_s: float = 2.0
     slo_tpot_s: float = 0.2
     seed: int = 0
+    extra_body: tuple[tuple[str, Any], ...] = ()
+    """Fields merged into every request body, e.g. (("stream_interval", 16),) for vLLM's per-request
+    streaming interval (fewer chunks: less work for a busy frontend; ITL is then per chunk)."""
 
     def __post_init__(self) -> None:
         problems = []
@@ -194,7 +197,7 @@ class Replayer:
         rows = select_requests(arrival_s, cfg)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         limits = httpx.Limits(max_connections=cfg.max_concurrency + 2 * len(cfg.endpoints) + 4)
-        timeout = httpx.Timeout(cfg.timeout_s, connect=10.0)
+        timeout = httpx.Timeout(cfg.timeout_s, connect=min(cfg.timeout_s, 60.0))
         info: dict[str, Any] = {"config": asdict(self.config), "trace_rows": [int(rows[0]), int(rows[-1])]
                                 if rows.size else []}
         async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
@@ -216,6 +219,7 @@ class Replayer:
                 body, n_tokens = prompts.build(inp)
                 body.update(model=model, max_tokens=out, ignore_eos=True, stream=True,
                             stream_options={"include_usage": True}, temperature=0.0)
+                body.update(dict(cfg.extra_body))  # the user's fields win
                 self.records.append(RequestRecord(
                     index=int(i), trace_input_tokens=int(input_tokens[i]), trace_output_tokens=int(output_tokens[i]),
                     sent_input_tokens=n_tokens, requested_output_tokens=out, clipped=clipped,

@@ -327,6 +327,8 @@ def test_compare_cli_prints_policies_json_and_writes_the_report(tmp_path, capsys
         assert {"gpu_hours", "ttft_p95", "max_replicas", "mean_replicas", "rejected", "aborted",
                 "scale_events"} <= set(summary)
     assert (tmp_path / "cmp" / "report.html").is_file() and (tmp_path / "cmp" / "summary.json").is_file()
+    assert (tmp_path / "cmp" / "timeline_fixed_2.csv").read_text().startswith("t,ready,starting,draining,demand")
+    assert "desired_replicas,lead_time_s" in (tmp_path / "cmp" / "decisions_leadscale.csv").read_text()
     assert main(["compare", "--trace", str(trace), "--duration", "60", "--policies", "cpu", "--out",
                  str(tmp_path / "bad")]) == 2
     assert "'cpu' is not a policy" in capsys.readouterr().err

@@ -209,3 +209,15 @@ def test_fallback_behaviors(behavior: str, current: int, expected: int) -> None:
     assert loop(cfg, lambda now: None, lambda now: True).sync(0, current) == expected
     with pytest.raises(ValueError, match="fallback_behavior='sometimes'"):
         ControlConfig(fallback_behavior="sometimes")
+
+
+def test_loop_polls_every_30s_and_syncs_every_15s() -> None:
+    polls: list[float] = []
+    syncs: list[float] = []
+    cl = loop(ControlConfig(), lambda now: syncs.append(now) or 1.0, lambda now: polls.append(now) or True)
+    replicas = 1
+    for t in range(0, 91):
+        if t + 1e-9 >= cl.next_due():
+            replicas = cl.tick(float(t), replicas)
+    assert polls == [0.0, 30.0, 60.0, 90.0]
+    assert syncs == [0.0, 15.0, 30.0, 45.0, 60.0, 75.0, 90.0]

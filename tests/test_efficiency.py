@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from scaler.efficiency import MAX_EFFICIENCY, PROBE_PER_S, CapacityMemory, assess
+from scaler.efficiency import MAX_EFFICIENCY, CapacityMemory, assess
 from scaler.signals import Signals
 
 WINDOW = 60.0
@@ -23,12 +23,12 @@ def feed(steps: int, served: float, queue: float, queued: bool = False, memory: 
     memory = memory or CapacityMemory()
     for i in range(steps):
         now = start + 5.0 * i
-        _, memory = assess(memory, snapshot(**signal_fields), served, queue, queued, now, WINDOW, 0.8, 2.0)
+        _, memory = assess(memory, snapshot(**signal_fields), served, queue, queued, now, WINDOW, 0.8, 2.0, 240.0)
     return memory
 
 
 def test_fresh_memory_is_neutral() -> None:
-    seen, _ = assess(CapacityMemory(), snapshot(), 3.0, 0.0, False, 0.0, WINDOW, 0.8, 2.0)
+    seen, _ = assess(CapacityMemory(), snapshot(), 3.0, 0.0, False, 0.0, WINDOW, 0.8, 2.0, 240.0)
     assert (seen.efficiency, seen.factor, seen.saturated) == (1.0, 1.0, False)
 
 
@@ -36,7 +36,7 @@ def test_saturation_throughout_a_window_sets_efficiency_to_what_a_replica_serves
     # 4 ready replicas serve 2 replica units while a queue waits (mean wait 10 s > 2 s / 3)
     memory = feed(30, served=2.0, queue=20.0, queued=True, requests_waiting=50.0)
     assert memory.efficiency == pytest.approx(0.5)
-    seen, _ = assess(memory, snapshot(requests_waiting=50.0), 2.0, 20.0, True, 150.0, WINDOW, 0.8, 2.0)
+    seen, _ = assess(memory, snapshot(requests_waiting=50.0), 2.0, 20.0, True, 150.0, WINDOW, 0.8, 2.0, 240.0)
     assert seen.factor == pytest.approx(2.0) and seen.saturated
 
 
@@ -48,13 +48,14 @@ def test_a_queue_that_just_formed_teaches_nothing() -> None:
 def test_a_fleet_that_just_changed_teaches_nothing() -> None:
     memory = CapacityMemory()
     for i in range(30):  # a replica joins every 5 s: rates never match the fleet
-        _, memory = assess(memory, snapshot(ready_replicas=4 + i), 2.0, 20.0, True, 5.0 * i, WINDOW, 0.8, 2.0)
+        _, memory = assess(memory, snapshot(ready_replicas=4 + i), 2.0, 20.0, True, 5.0 * i, WINDOW, 0.8, 2.0, 240.0)
     assert memory.efficiency == 1.0
 
 
 def test_calm_loaded_fleet_probes_slowly_upwards_and_idle_one_does_not() -> None:
     loaded = feed(120, served=3.0, queue=0.0)  # 0.75 per replica >= 0.85 x 0.8: loaded, no queue
-    assert 1.0 < loaded.efficiency <= 1.0 + PROBE_PER_S * 600
+    # +12.5 % (half of the 0.8 target's 25 % headroom) per 240 s lead time, for 600 s
+    assert 1.0 < loaded.efficiency <= 1.125 ** (600 / 240) + 1e-9
     idle = feed(120, served=1.0, queue=0.0)  # 0.25 per replica: calm says nothing
     assert idle.efficiency == 1.0
 
@@ -68,7 +69,7 @@ def test_probing_is_bounded() -> None:
 def test_kv_binding_factor_comes_from_the_previous_window() -> None:
     # the KV cache is 90 % full while token work is 1.2 of 4 replicas: KV binds 3x
     memory = feed(12, served=1.2, queue=0.0, kv_cache_usage=0.9)
-    seen, _ = assess(memory, snapshot(kv_cache_usage=0.9), 1.2, 0.0, False, 60.0, WINDOW, 0.8, 2.0)
+    seen, _ = assess(memory, snapshot(kv_cache_usage=0.9), 1.2, 0.0, False, 60.0, WINDOW, 0.8, 2.0, 240.0)
     assert seen.kv_replicas == pytest.approx(3.6)
     assert seen.kv_factor == pytest.approx(3.0)
     assert seen.factor == pytest.approx(3.0)

@@ -45,6 +45,26 @@ def test_bad_durations_name_the_flag(text: str) -> None:
         parse_duration(text)
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 10**6), st.sampled_from(["", "s", "m", "h", "d", "w"]))
+def test_any_positive_duration_parses_to_its_seconds(value: int, unit: str) -> None:
+    scale = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}[unit]
+    assert parse_duration(f"{value}{unit}") == value * scale
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 1000), min_size=1, max_size=8).filter(lambda c: sum(c) > 0),
+       st.floats(0, 1e7), st.booleans())
+def test_samples_always_fall_in_a_bucket_that_has_requests(counts: list[int], total: float, open_end: bool) -> None:
+    edges = [2.0 ** (k + 4) for k in range(len(counts))]
+    if open_end:
+        edges[-1] = np.inf
+    got = Lengths(np.array(edges), np.array(counts, dtype=float), total).sample(500, np.random.default_rng(0))
+    assert got.min() >= 1
+    index = np.searchsorted(np.array(edges), got, side="left")  # bucket k holds (edges[k-1], edges[k]]
+    assert np.all(np.array(counts)[index] > 0)
+
+
 def test_bad_requests_name_the_field() -> None:
     with pytest.raises(ValueError, match=r"prometheus='ftp://x'.*step_s=0"):
         HistoryRequest("ftp://x", MODEL, 0.0, 600.0, step_s=0)

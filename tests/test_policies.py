@@ -130,3 +130,48 @@ def test_leadscale_without_data_keeps_no_decision() -> None:
     lead = Leadscale(CAPACITY_META, ControlConfig(min_replicas=1))
     lead.evaluate(0.0, view(Observer(), 1))
     assert lead.metric(0.0, view(Observer(), 1)) is None and lead.active(0.0, view(Observer(), 1)) is None
+
+
+def test_simulated_leadscale_decides_exactly_like_the_live_evaluator() -> None:
+    """Same metadata and the same Signals, step by step: the live Evaluator and the simulator agree."""
+    from scaler.evaluator import Evaluator
+    from scaler.signals import Signals
+    from scaler.telemetry import Telemetry
+
+    meta = {**CAPACITY_META, "minReplicas": "1", "maxReplicas": "40", "leadTime": "120s"}
+    meta.pop("activationQuery")
+    script: list[Signals] = []
+    for i in range(40):  # a ramp with a queue building, then easing off
+        load = 4000.0 * (1 + min(i, 25) / 5) if i < 30 else 4000.0
+        script.append(Signals(at=0.0, prompt_tokens_per_s=load, generation_tokens_per_s=load / 4,
+                              requests_waiting=float(max(0, i - 10) * 3 if i < 30 else 0), requests_running=20.0,
+                              ready_replicas=2 + i // 10, starting_replicas=1 if 8 < i < 20 else 0,
+                              mean_prompt_tokens=800.0, mean_output_tokens=200.0, data_age_s=2.0))
+    current = {"s": script[0]}
+
+    class Source:
+        def fetch(self, targets, now):
+            return {t: current["s"] for t in targets}
+
+    class Stub:
+        def signals(self, now, ready, starting, lead_time_auto=True):
+            return current["s"]
+
+    clock = {"t": 1000.0}
+    ev = Evaluator(prometheus_url="http://127.0.0.1:9", source_factory=lambda key: Source(),
+                   clock=lambda: clock["t"], telemetry=Telemetry())
+    lead = Leadscale(meta, ControlConfig(min_replicas=1, max_replicas=40))
+    try:
+        for i, signals in enumerate(script):
+            clock["t"] = 1000.0 + 5.0 * i
+            current["s"] = signals
+            if i:
+                ev.run_once()
+            answer = ev.lookup("llm", "chat", meta)
+            lead.evaluate(clock["t"], View(Stub(), signals.ready_replicas + signals.starting_replicas,
+                                           signals.ready_replicas, signals.starting_replicas))
+            assert (lead.decision.desired_replicas, lead.decision.active) == (answer.desired_replicas,
+                                                                              answer.active), i
+    finally:
+        ev.stop()
+    assert len({d for _, d, _ in lead.decisions}) > 1  # the script made the policy move

@@ -292,3 +292,18 @@ def test_summary_has_every_simulator_key(fake_url: str, tmp_path: Path) -> None:
     simulated = set(simulate(w, get_profile("h100-llama3-8b")).summary()) - {"profile"}
     replayed = _run(ReplayConfig(endpoints=(fake_url,)), tmp_path, [0.0, 0.1], [10, 20], [5, 6])
     assert simulated <= set(replayed), sorted(simulated - set(replayed))
+
+
+@pytest.mark.parametrize("extra", ["[1]", "{not json"], ids=["not-object", "not-json"])
+def test_cli_rejects_bad_extra_body(extra: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from scaler.cli import main
+
+    rc = main(["replay", "--endpoint", "http://127.0.0.1:9", "--trace", "builtin:default", "--extra-body", extra,
+               "--out", str(tmp_path)])
+    assert rc == 2 and "--extra-body" in capsys.readouterr().err
+
+
+def test_extra_body_reaches_every_request(fake_url: str, tmp_path: Path) -> None:
+    cfg = ReplayConfig(endpoints=(fake_url,), extra_body=(("max_tokens", 429),))  # the fake refuses 429s
+    summary = _run(cfg, tmp_path, [0.0, 0.0], [10, 10], [3, 3])
+    assert summary["refused"] == 2 and json.loads((tmp_path / "replay.json").read_text())["config"]["extra_body"]

@@ -125,8 +125,13 @@ def test_invariants_on_random_workloads(monkeypatch: pytest.MonkeyPatch, data: s
     out = data.draw(st.lists(st.integers(1, 800), min_size=n, max_size=n))
     seqs = data.draw(st.integers(1, 16))
     budget = data.draw(st.sampled_from([16, 64, 512, 2048]))
+    blocks = {}
+    if data.draw(st.booleans(), label="prefix blocks"):  # a few prompt families sharing prefixes
+        family = data.draw(st.lists(st.integers(0, 3), min_size=n, max_size=n))
+        ids = [np.arange(-(-k // 512)) + 1000 * f for k, f in zip(inp, family, strict=True)]
+        blocks = {"block_ids": np.concatenate(ids), "block_offsets": np.cumsum([0] + [len(i) for i in ids])}
     checker = Checker(monkeypatch)
-    res = simulate(workload(arrivals, inp, out), tiny_profile(seqs=seqs, budget=budget))
+    res = simulate(workload(arrivals, inp, out, **blocks), tiny_profile(seqs=seqs, budget=budget))
     assert (res.log.status == FINISHED).all()
     assert np.isfinite(res.log.first_token_s).all(), "every finished request had a first token"
     assert (res.log.first_token_s >= res.log.first_scheduled_s).all()

@@ -109,7 +109,7 @@ def test_calibrate_on_one_slice_check_on_another(slices: tuple[Path, Path], tmp_
 def test_capacity_sweep_against_the_endpoint(vllm_server: VllmServer, tmp_path: Path) -> None:  # noqa: F811
     require(TRACE.exists(), f"the shared trace {TRACE}")
     rc = leadscale(["capacity", "--endpoint", vllm_server.url, "--trace", str(TRACES / "sharegpt_pulses_6x50.csv"),
-                    "--slo-ttft", "5", "--start-rate", "0.5", "--factor", "4", "--max-steps", "2", "--requests", "12",
+                    "--slo-ttft", "10", "--start-rate", "0.5", "--factor", "4", "--max-steps", "2", "--requests", "12",
                     "--out", str(tmp_path)])
     result = json.loads((tmp_path / "capacity.json").read_text())
     assert (tmp_path / "knee.png").stat().st_size > 0
