@@ -19,6 +19,7 @@ and uses the load source's view unchanged.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
@@ -71,15 +72,17 @@ def before_scale_down(kube: KubeObserver, namespace: str, name: str, model: str)
 class DiscoveredScrape:
     """Scrapes the ready pods the observer lists for one ScaledObject; follows them as they change.
 
-    ``make_source(urls)`` builds the scraping source (``ScrapeSource`` by default). When the pod set
-    changes the source keeps its history through ``set_urls`` if it has one; otherwise a new source is
-    built (``ScrapeSource`` then takes a quick second scrape, so the first rate is not lost).
+    ``make_source(urls)`` builds the scraping source (by default a ``ScrapeSource`` that reports each
+    pod's first answered scrape to the observer's ``note_scrape``, ending its cold start there). When
+    the pod set changes the source keeps its history through ``set_urls`` if it has one; otherwise a
+    new source is built (``ScrapeSource`` then takes a quick second scrape, so the first rate is not lost).
     """
 
     def __init__(self, kube: KubeObserver, namespace: str, name: str,
                  make_source: Callable[[tuple[str, ...]], SignalSource] | None = None) -> None:
         self.kube, self.namespace, self.name = kube, namespace, name
-        self.make_source = make_source or _scrape_source
+        self.make_source = make_source or functools.partial(_scrape_source,
+                                                            on_scrape=getattr(kube, "note_scrape", None))
         self.urls: tuple[str, ...] = ()
         self.source: SignalSource | None = None
 
@@ -105,7 +108,7 @@ class DiscoveredScrape:
         return {t: SourceError(message) for t in targets}
 
 
-def _scrape_source(urls: tuple[str, ...]) -> SignalSource:
+def _scrape_source(urls: tuple[str, ...], on_scrape: Callable[[str, float], None] | None = None) -> SignalSource:
     from scaler.sources.scrape import ScrapeSource
 
-    return ScrapeSource(list(urls))
+    return ScrapeSource(list(urls), on_scrape=on_scrape)

@@ -23,6 +23,7 @@ from typing import Any
 
 from scaler.capacity import ReplicaCapacity
 from scaler.metadata_values import LABEL_NAME, Problem, Reader
+from scaler.sources.base import RESERVED_LABELS
 
 EXPLICIT_CAPACITY_KEYS = ("prefillTokensPerSecond", "decodeTokensPerSecond", "maxNumSeqs", "kvCacheTokens")
 CORE_KEYS = (
@@ -163,10 +164,20 @@ def _capacity(reader: Reader, ttft_s: float | None) -> tuple[ReplicaCapacity | N
     return ReplicaCapacity(prefill, decode, seqs, kv), None  # type: ignore[arg-type]
 
 
+def _label_name_problem(name: str) -> str | None:
+    """Why ``name`` cannot be a matcher label (``Target`` would raise), or None when it can."""
+    if not LABEL_NAME.fullmatch(name):
+        return "a Prometheus label name matching [a-zA-Z_][a-zA-Z0-9_]*"
+    if name in RESERVED_LABELS or name.startswith("__"):
+        return f"a label name other than {', '.join(sorted(RESERVED_LABELS))} (set by the scaler) and not __-prefixed"
+    return None
+
+
 def _labels(reader: Reader) -> tuple[str | None, tuple[tuple[str, str], ...]]:
     namespace_label = reader.text("namespaceLabel")
-    if namespace_label is not None and not LABEL_NAME.fullmatch(namespace_label):
-        reader.problem("namespaceLabel", namespace_label, "a Prometheus label name matching [a-zA-Z_][a-zA-Z0-9_]*")
+    why = _label_name_problem(namespace_label) if namespace_label is not None else None
+    if why:
+        reader.problem("namespaceLabel", namespace_label, why)
     pairs: dict[str, str] = {}
     selector = reader.text("labelSelector")
     for item in (selector or "").split(","):
@@ -177,6 +188,10 @@ def _labels(reader: Reader) -> tuple[str | None, tuple[tuple[str, str], ...]]:
         if not sep or not LABEL_NAME.fullmatch(name) or not value or name in pairs:
             reader.problem("labelSelector", selector, "comma-separated name=value pairs, label names unique and "
                                                       "matching [a-zA-Z_][a-zA-Z0-9_]*, values non-empty")
+            break
+        why = _label_name_problem(name)
+        if why:
+            reader.problem("labelSelector", selector, f"label {name!r} not allowed: want {why}")
             break
         pairs[name] = value
     if namespace_label and namespace_label in pairs:

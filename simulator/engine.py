@@ -67,6 +67,7 @@ class Fleet:
         self.replicas: dict[int, Replica] = {}
         self.routable: list[Replica] = []
         self.retired_gpu_seconds = 0.0
+        self.retired_prefix = [0, 0]  # prefix-cache query and hit tokens of removed replicas
         self._next_id = 0
 
     def add_replica(self, now: float) -> int:
@@ -94,6 +95,9 @@ class Fleet:
         self.routable = [r for r in self.routable if r.id != rid]
         del self.replicas[rid]
         self.retired_gpu_seconds += (now - rep.added_s) * rep.profile.tensor_parallel
+        if rep.prefix is not None:
+            self.retired_prefix[0] += rep.prefix.query_tokens
+            self.retired_prefix[1] += rep.prefix.hit_tokens
         return len(aborted)
 
     def metrics(self, rid: int, now: float) -> ReplicaMetrics:
@@ -107,6 +111,14 @@ class Fleet:
         """GPU time of every replica so far (tensor-parallel replicas count each GPU)."""
         live = sum((now - r.added_s) * r.profile.tensor_parallel for r in self.replicas.values())
         return self.retired_gpu_seconds + live
+
+    def prefix_hit_rate(self) -> float | None:
+        """Share of prompt tokens served from the prefix cache (None without prefix data)."""
+        queries, hits = self.retired_prefix
+        for r in self.replicas.values():
+            if r.prefix is not None:
+                queries, hits = queries + r.prefix.query_tokens, hits + r.prefix.hit_tokens
+        return hits / queries if queries else None
 
     def _get(self, rid: int) -> Replica:
         try:
@@ -268,7 +280,8 @@ class Engine:
         return SimulationResult(
             log=self.log, itl=self.itl, end_s=end, gpu_seconds=self.fleet.gpu_seconds(end),
             wall_seconds=time.perf_counter() - started, kv_usage=np.array(self._kv, dtype=np.float64).reshape(-1, 4),
-            preemptions=int(self.log.preemptions.sum()), profile=self.profile.name)
+            preemptions=int(self.log.preemptions.sum()), profile=self.profile.name,
+            extra={"prefix_cache_hit_rate": self.fleet.prefix_hit_rate()})
 
     def _busy(self) -> bool:
         """Anything left to do once arrivals are over: a replica stepping or requests held."""

@@ -243,7 +243,10 @@ class Replayer:
                 await asyncio.gather(*tasks, return_exceptions=True)
                 wall = self.now()
                 stop.set()
-                await asyncio.wait_for(asyncio.gather(scraper, return_exceptions=True), timeout=10.0)
+                try:  # the last scrape records the final counters, unless the server is too slow to answer
+                    await asyncio.wait_for(asyncio.gather(scraper, return_exceptions=True), timeout=15.0)
+                except TimeoutError:
+                    scraper.cancel()
                 timeline.close()
                 info["cache_config"] = recorder.cache_config
                 info["metrics_scrapes"], info["metrics_failures"] = recorder.scrapes, recorder.failures

@@ -214,11 +214,12 @@ class SimulationResult:
     kv_usage: np.ndarray
     preemptions: int
     profile: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
 
     def summary(self, slo_ttft_s: float = 2.0, slo_tpot_s: float = 0.1, **extra: Any) -> dict[str, Any]:
         return summarize(self.log, self.itl, slo_ttft_s=slo_ttft_s, slo_tpot_s=slo_tpot_s, duration_s=self.end_s,
                          gpu_seconds=self.gpu_seconds, wall_seconds=self.wall_seconds, preemptions=self.preemptions,
-                         kv_usage=self.kv_usage, extra={"profile": self.profile, **extra})
+                         kv_usage=self.kv_usage, extra={"profile": self.profile, **self.extra, **extra})
 
     def write(self, out_dir: Path, summary: dict[str, Any]) -> None:
         """``summary.json``, ``requests.csv`` and ``kv_usage.csv`` under ``out_dir`` (created)."""

@@ -130,6 +130,10 @@ def test_shared_traces_short_windows(name: str) -> None:
     assert s["requests"] == len(w) > 0
     assert s["completed"] + s["rejected"] == len(w)
     assert s["ttft_p50"] is not None and s["ttft_p50"] > 0
+    if w.has_blocks:
+        assert 0.0 <= s["prefix_cache_hit_rate"] <= 1.0
+    else:
+        assert s["prefix_cache_hit_rate"] is None
 
 
 def test_metrics_reads_do_not_change_the_run() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
@@ -204,6 +205,10 @@ class Kube:
     def __init__(self, view: View | None = None, fail: bool = False, fail_drain: bool = False) -> None:
         self.view, self.fail, self.fail_drain = view, fail, fail_drain
         self.drains: list[tuple[str, str, str | None]] = []
+        self.scrapes: list[tuple[str, float]] = []
+
+    def note_scrape(self, url: str, at: float) -> None:
+        self.scrapes.append((url, at))
 
     def observe(self, namespace: str, name: str) -> View | None:
         if self.fail:
@@ -347,9 +352,14 @@ def test_kubernetes_discovery_scrapes_a_real_pod_without_prometheus() -> None:
     with VllmExporter(model="llama") as pod:
         pod.set_load(prompt_tokens_per_s=16000, generation_tokens_per_s=4000)
         pod.set_queue(waiting=2, running=20, kv_usage=0.5)
-        view = View(ready_replicas=1, scrape_urls=(pod.url,))
-        ev = Evaluator(kube=Kube(view), telemetry=Telemetry())  # no Prometheus, no static scrape targets
+        view, kube = View(ready_replicas=1, scrape_urls=(pod.url,)), Kube()
+        kube.view = view
+        before = time.time()
+        ev = Evaluator(kube=kube, telemetry=Telemetry())  # no Prometheus, no static scrape targets
         answer = ev.lookup("llm", "chat", META)
         assert answer.active and answer.desired_replicas >= 2
         assert ev.snapshot()[0]["terms"]["ready_replicas"] == 1.0
+        ev.run_once()
         ev.stop()
+        assert [url for url, _ in kube.scrapes] == [pod.url], "the pod's first answered scrape, once"
+        assert before <= kube.scrapes[0][1] <= time.time(), "on the evaluator's (wall) clock"

@@ -12,15 +12,14 @@ import math
 import shutil
 import subprocess
 import time
-from pathlib import Path
+from collections.abc import Iterator
 
-import httpx
 import numpy as np
 import pytest
 from conftest import require
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from support.prometheus import free_port
+from support.prometheus import PrometheusServer, free_port
 
 from simulator import history
 from simulator.history import HistoryError, HistoryRequest, Lengths, counter_increases, parse_duration
@@ -167,36 +166,16 @@ def openmetrics(start: int) -> str:
 
 
 @pytest.fixture(scope="module")
-def prometheus_with_history(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, int]:
+def prometheus_with_history(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int]]:
     """A Prometheus started on a TSDB backfilled with three hours of history ending 10 minutes ago."""
-    require(shutil.which("promtool") is not None and Path("/usr/bin/prometheus").exists(),
-            "promtool and /usr/bin/prometheus (apt-get install prometheus)")
+    require(shutil.which("promtool") is not None, "promtool (apt-get install prometheus)")
     root = tmp_path_factory.mktemp("history")
     start = (int(time.time()) // 3600 - 4) * 3600
     (root / "history.om").write_text(openmetrics(start))
     subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", str(root / "history.om"),
-                    str(root / "data")], check=True, capture_output=True, timeout=120)
-    (root / "prometheus.yml").write_text('{"global": {"scrape_interval": "15s"}}')
-    port = free_port()
-    log = (root / "prometheus.log").open("wb")
-    proc = subprocess.Popen(["/usr/bin/prometheus", f"--config.file={root / 'prometheus.yml'}",
-                             f"--storage.tsdb.path={root / 'data'}", f"--web.listen-address=127.0.0.1:{port}",
-                             "--log.level=warn"], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/-/ready", timeout=1.0).status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    else:
-        proc.kill()
-        raise RuntimeError(f"Prometheus not ready: {(root / 'prometheus.log').read_text()[-2000:]}")
-    yield url, start
-    proc.terminate()
-    proc.wait(timeout=20)
-    log.close()
+                    str(root / "data")], check=True, capture_output=True, timeout=300)
+    with PrometheusServer(scrape_interval_s=15, data_dir=root / "data", ready_timeout_s=90) as prom:
+        yield prom.url, start
 
 
 def test_advise_reproduces_the_arrival_rate_from_real_prometheus(prometheus_with_history: tuple[str, int]) -> None:

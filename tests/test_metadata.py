@@ -45,6 +45,11 @@ BAD_CASES: list[tuple[str, dict[str, str | None], str, str | None]] = [
     ("selector-duplicate", {"labelSelector": "a=b,a=c"}, "labelSelector", "a=b,a=c"),
     ("selector-bad-name", {"labelSelector": "1a=b"}, "labelSelector", "1a=b"),
     ("selector-repeats-namespace", {"namespaceLabel": "ns", "labelSelector": "ns=x"}, "labelSelector", "ns=x"),
+    ("selector-model-name", {"labelSelector": "team=a,model_name=x"}, "labelSelector", "team=a,model_name=x"),
+    ("selector-metric-name", {"labelSelector": "__name__=vllm:x"}, "labelSelector", "__name__=vllm:x"),
+    ("selector-internal-label", {"labelSelector": "__address__=a"}, "labelSelector", "__address__=a"),
+    ("namespace-label-model-name", {"namespaceLabel": "model_name"}, "namespaceLabel", "model_name"),
+    ("namespace-label-metric-name", {"namespaceLabel": "__name__"}, "namespaceLabel", "__name__"),
     ("prometheus-no-scheme", {"prometheusAddress": "prometheus:9090"}, "prometheusAddress", "prometheus:9090"),
     ("prometheus-bad-ipv6", {"prometheusAddress": "http://[::1:9090"}, "prometheusAddress", "http://[::1:9090"),
     ("prometheus-ftp", {"prometheusAddress": "ftp://prom"}, "prometheusAddress", "ftp://prom"),
@@ -180,6 +185,24 @@ def test_parser_never_crashes_and_names_every_bad_key(extra: dict[str, str]) -> 
     assert isinstance(config, ScalerConfig)
     policy = config.policy_config()
     assert 0 < policy.target_utilization <= 1 and policy.ttft_slo_s > 0
+
+
+LABELS = st.sampled_from(["model_name", "__name__", "__x", "team", "ns", "namespace", "1a", "a-b", "_ok"])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(LABELS, st.sampled_from(["a", "llm", ""]), max_size=3), st.one_of(st.none(), LABELS))
+def test_any_accepted_selector_builds_a_target(selector: dict[str, str], namespace_label: str | None) -> None:
+    """A label the sources would refuse is a metadata error (INVALID_ARGUMENT), never a ValueError later."""
+    changes: dict[str, str | None] = {"labelSelector": ",".join(f"{k}={v}" for k, v in selector.items()),
+                                      "namespaceLabel": namespace_label}
+    try:
+        config = parse_metadata(with_changes(changes))
+    except MetadataError as exc:
+        assert {p.key for p in exc.problems} <= {"labelSelector", "namespaceLabel"}, str(exc)
+        return
+    target = config.target("llm")
+    assert all(name not in ("model_name", "__name__") for name, _ in target.label_matchers)
 
 
 @settings(deadline=None)

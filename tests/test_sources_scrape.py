@@ -84,7 +84,7 @@ def test_bad_values_and_syntax_are_source_errors(text: str) -> None:
         parse_metrics(text + "\n")
 
 
-@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])  # no timing on a loaded box
 @given(st.one_of(
     st.text(),
     st.lists(st.sampled_from(TWO_ENGINES.splitlines() + MIXED.splitlines() + ["{", "}", '"', "\\", " ", "#"]))
@@ -122,6 +122,7 @@ def test_increase_handles_counter_resets(values: tuple[float, ...], created: tup
     assert increase(_history(*values, created=created), "prompt") == expected
 
 
+@settings(deadline=None)
 @given(st.lists(st.floats(0, 1e12), min_size=1, max_size=20))
 def test_increase_is_never_negative_and_exact_for_monotonic_counters(values: list[float]) -> None:
     assert increase(_history(*values), "prompt") >= 0
@@ -203,6 +204,47 @@ def test_failed_scrape_is_a_starting_pod_not_zero_load(pods: tuple[VllmExporter,
     a.set_serving(False)
     nothing = source.fetch([target], now=2.0)[target]
     assert isinstance(nothing, SourceError) and "no data" in str(nothing) and "HTTP 503" in str(nothing)
+
+
+def test_on_scrape_hears_first_answers_and_recoveries_only(pods: tuple[VllmExporter, VllmExporter]) -> None:
+    a, b = pods
+    heard: list[tuple[str, float]] = []
+    source = ScrapeSource([a.url, b.url], warmup_s=0, on_scrape=lambda url, at: heard.append((url, at)))
+    b.set_serving(False)
+    source.fetch([Target("m")], now=1.0)
+    source.fetch([Target("m")], now=2.0)
+    assert heard == [(a.url, 1.0)], "a pod that never answered is not heard; one that answered, once"
+    b.set_serving(True)
+    source.fetch([Target("m")], now=3.0)
+    a.set_serving(False)
+    source.fetch([Target("m")], now=4.0)
+    a.set_serving(True)
+    source.fetch([Target("m")], now=5.0)
+    assert heard == [(a.url, 1.0), (b.url, 3.0), (a.url, 5.0)]
+
+
+def test_a_failing_listener_costs_no_signals(pods: tuple[VllmExporter, VllmExporter]) -> None:
+    def boom(url: str, at: float) -> None:
+        raise RuntimeError("listener down")
+
+    source = ScrapeSource([pods[0].url], warmup_s=0, on_scrape=boom)
+    source.fetch([Target("m")], now=0.0)
+    assert isinstance(source.fetch([Target("m")], now=1.0)[Target("m")], Signals)
+
+
+def test_set_urls_keeps_the_history_of_pods_that_stay(pods: tuple[VllmExporter, VllmExporter]) -> None:
+    a, b = pods
+    source, target = ScrapeSource([a.url], warmup_s=0), Target("m")
+    source.fetch([target], now=0.0)
+    a.record_requests(10, prompt_len=100, output_len=10)
+    source.set_urls([a.url, b.url])  # b is new: one scrape, no rate yet; a keeps its first scrape
+    signals = source.fetch([target], now=10.0)[target]
+    assert isinstance(signals, Signals) and signals.ready_replicas == 2
+    assert signals.prompt_tokens_per_s == pytest.approx(100)
+    source.set_urls([b.url])
+    assert source.urls == [b.url]
+    with pytest.raises(ValueError, match="ScrapeSource urls="):
+        source.set_urls([])
 
 
 def test_model_no_pod_serves_is_no_data(pods: tuple[VllmExporter, VllmExporter]) -> None:

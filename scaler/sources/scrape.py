@@ -16,16 +16,21 @@ Rules that keep the numbers honest:
   ``SourceError`` ("warming up") until one of its pods has two scrapes.
 - Label matchers are not applied: a pod's own ``/metrics`` carries no namespace label, and the URL
   list already says which pods belong to the scaled object.
+
+``on_scrape(url, at)`` (optional) hears each URL that answers for the first time, or again after
+failing, with ``at`` on the fetch's clock: the Kubernetes observer's ``note_scrape`` ends a pod's
+cold start there. ``set_urls`` follows a changing pod set, keeping the history of pods that stay.
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 import threading
 import time
 from collections import defaultdict, deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -43,6 +48,7 @@ COUNTERS = {
 CREATED = {"vllm:prompt_tokens_created", "vllm:generation_tokens_created"}
 GAUGES = {"vllm:num_requests_waiting": "waiting", "vllm:num_requests_running": "running",
           "vllm:kv_cache_usage_perc": "kv"}
+LOG = logging.getLogger("leadscale.sources.scrape")
 HISTORY = 256  # scrapes kept per URL; enough for a 60 s window at one fetch per 0.25 s
 
 
@@ -108,17 +114,26 @@ class ScrapeSource:
     ``now`` must grow between calls (any clock in seconds); rates are measured on it.
     """
 
-    def __init__(self, urls: Sequence[str], timeout_s: float = 2.0, warmup_s: float = 0.5) -> None:
-        if isinstance(urls, str) or not urls or not all(isinstance(u, str) and u.startswith(("http://", "https://"))
-                                                        for u in urls):
-            raise ValueError(f"ScrapeSource urls={urls!r}: want a non-empty list of http(s):// /metrics URLs")
+    def __init__(self, urls: Sequence[str], timeout_s: float = 2.0, warmup_s: float = 0.5,
+                 on_scrape: Callable[[str, float], None] | None = None) -> None:
         if not (isinstance(timeout_s, (int, float)) and math.isfinite(timeout_s) and timeout_s > 0):
             raise ValueError(f"ScrapeSource timeout_s={timeout_s!r}: must be a finite number > 0")
         if not (isinstance(warmup_s, (int, float)) and 0 <= warmup_s <= 5):
             raise ValueError(f"ScrapeSource warmup_s={warmup_s!r}: must be a number of seconds in [0, 5]")
-        self.urls, self.timeout_s, self.warmup_s = list(dict.fromkeys(urls)), float(timeout_s), float(warmup_s)
-        self._pods = {url: _Pod() for url in self.urls}
+        self.timeout_s, self.warmup_s, self.on_scrape = float(timeout_s), float(warmup_s), on_scrape
+        self.urls: list[str] = []
+        self._pods: dict[str, _Pod] = {}
         self._lock = threading.Lock()  # the evaluator may fetch from two threads (first call + its loop)
+        self.set_urls(urls)
+
+    def set_urls(self, urls: Sequence[str]) -> None:
+        """Scrape these URLs from now on; pods that stay keep their history, new ones start fresh."""
+        if isinstance(urls, str) or not urls or not all(isinstance(u, str) and u.startswith(("http://", "https://"))
+                                                        for u in urls):
+            raise ValueError(f"ScrapeSource urls={urls!r}: want a non-empty list of http(s):// /metrics URLs")
+        with self._lock:
+            self.urls = list(dict.fromkeys(urls))
+            self._pods = {url: self._pods.get(url) or _Pod() for url in self.urls}
 
     def _scrape(self, url: str) -> dict[str, ModelSample] | str:
         import httpx
@@ -140,9 +155,15 @@ class ScrapeSource:
             if isinstance(result, str):
                 pod.last_error = result  # history stays: a restart shows up as a counter reset
                 continue
+            answered_again = pod.last_error is not None or not pod.history
             pod.last_error = None
             pod.history.append((now, result))
             pod.models = set(result)
+            if answered_again and self.on_scrape is not None:
+                try:
+                    self.on_scrape(url, now)
+                except Exception:  # a listener's failure must not cost the decision
+                    LOG.exception("on_scrape(%s) failed", url)
 
     def fetch(self, targets: Sequence[Target], now: float) -> dict[Target, Signals | SourceError]:
         """Scrape once, then build each target's snapshot from the pods serving its model."""

@@ -11,6 +11,10 @@ Prometheus 2.42 hands discovered targets to its scrapers at most every 5 s, so t
 any ``set_targets`` change) lands ~5 s later: call ``wait_until_up`` rather than sleeping.
 Each target may carry extra labels: ``("127.0.0.1:8000", {"namespace": "llm"})``. A missing binary
 skips the test locally and fails it in CI (``conftest.require``).
+
+``PrometheusServer(data_dir=path)`` starts on an existing TSDB (say one that ``promtool tsdb
+create-blocks-from openmetrics`` filled) instead of an empty temporary one; the caller owns ``path``,
+so ``stop()`` leaves it in place.
 """
 
 from __future__ import annotations
@@ -23,10 +27,12 @@ import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 from conftest import require
+
+T = TypeVar("T")
 
 DEFAULT_BINARY = "/usr/bin/prometheus"
 ScrapeTarget = str | tuple[str, Mapping[str, str]]
@@ -43,8 +49,12 @@ class PrometheusServer:
     """Start, query and stop one Prometheus process (see the module docstring for usage)."""
 
     def __init__(self, scrape_targets: Sequence[ScrapeTarget] = (), scrape_interval_s: float = 1.0,
-                 binary: str = DEFAULT_BINARY, extra_args: Sequence[str] = (), ready_timeout_s: float = 30.0) -> None:
+                 binary: str = DEFAULT_BINARY, extra_args: Sequence[str] = (), ready_timeout_s: float = 60.0,
+                 data_dir: str | Path | None = None) -> None:
+        if any(arg.startswith("--storage.tsdb.path") for arg in extra_args):
+            raise ValueError("PrometheusServer extra_args: pass data_dir=... instead of --storage.tsdb.path")
         self.binary, self.scrape_interval_s = binary, scrape_interval_s
+        self.data_dir = Path(data_dir) if data_dir is not None else None
         self.extra_args, self.ready_timeout_s = list(extra_args), ready_timeout_s
         self._initial_targets = list(scrape_targets)
         self._dir: Path | None = None
@@ -74,7 +84,8 @@ class PrometheusServer:
             log = (self._dir / "prometheus.log").open("wb")
             self._proc = subprocess.Popen(
                 [self.binary, f"--config.file={self._dir / 'prometheus.yml'}",
-                 f"--storage.tsdb.path={self._dir / 'data'}", f"--web.listen-address=127.0.0.1:{self.port}",
+                 f"--storage.tsdb.path={self.data_dir or self._dir / 'data'}",
+                 f"--web.listen-address=127.0.0.1:{self.port}",
                  "--web.enable-lifecycle", "--log.level=warn", *self.extra_args],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
             log.close()
@@ -114,7 +125,7 @@ class PrometheusServer:
         self._proc = None
 
     def stop(self) -> None:
-        """Stop the process and delete its config and TSDB."""
+        """Stop the process and delete its config and temporary TSDB (a caller's ``data_dir`` stays)."""
         self._terminate()
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
@@ -140,14 +151,14 @@ class PrometheusServer:
 
     def query(self, promql: str) -> list[dict[str, Any]]:
         """An instant query's ``result`` list; raises on any Prometheus error."""
-        response = httpx.get(f"{self.url}/api/v1/query", params={"query": promql}, timeout=5.0)
+        response = httpx.get(f"{self.url}/api/v1/query", params={"query": promql}, timeout=15.0)
         response.raise_for_status()
         body = response.json()
         if body.get("status") != "success":
             raise RuntimeError(f"Prometheus query {promql!r} failed: {body}")
         return list(body["data"]["result"])
 
-    def wait_until(self, promql: str, predicate: Callable[[list[dict[str, Any]]], bool], timeout_s: float = 30.0,
+    def wait_until(self, promql: str, predicate: Callable[[list[dict[str, Any]]], bool], timeout_s: float = 60.0,
                    poll_s: float = 0.25) -> list[dict[str, Any]]:
         """Poll ``promql`` until ``predicate(result)`` holds; AssertionError with the last result otherwise."""
         deadline = time.monotonic() + timeout_s
@@ -160,6 +171,22 @@ class PrometheusServer:
                 raise AssertionError(f"after {timeout_s}s, {promql!r} still gives {result!r}")
             time.sleep(poll_s)
 
-    def wait_until_up(self, n_targets: int, timeout_s: float = 30.0) -> None:
+    def wait_until_up(self, n_targets: int, timeout_s: float = 60.0) -> None:
         """Wait until ``n_targets`` targets have been scraped successfully (``up == 1``)."""
         self.wait_until("sum(up)", lambda r: bool(r) and float(r[0]["value"][1]) >= n_targets, timeout_s)
+
+
+def eventually(check: Callable[[], T], timeout_s: float = 60.0, poll_s: float = 0.25) -> T:
+    """Call ``check`` until it returns without an AssertionError; after ``timeout_s`` re-raise its last one.
+
+    For real services on a loaded CI box: scrapes and rate windows land late, never wrong, so a test
+    asserts the exact behaviour and only waits longer for it (a wrong number never passes).
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return check()
+        except AssertionError:
+            if time.monotonic() > deadline:
+                raise
+        time.sleep(poll_s)
