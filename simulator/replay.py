@@ -277,6 +277,8 @@ class Replayer:
         preemptions = counter_delta(timeline, "vllm:num_preemptions_total")
         summary["preemptions"] = int(preemptions) if preemptions is not None else None
         summary["kv_usage_mean"], summary["kv_usage_max"] = gauge_stats(timeline, "vllm:kv_cache_usage_perc")
+        hits, queries = (counter_delta(timeline, f"vllm:prefix_cache_{k}_total") for k in ("hits", "queries"))
+        summary["prefix_cache_hit_rate"] = hits / queries if hits is not None and queries else None
         summary["interrupted"] = self.interrupted
         summary["model"] = info.get("model")
         (self.out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")

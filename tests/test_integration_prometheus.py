@@ -67,10 +67,10 @@ def test_signals_follow_the_exporter_through_prometheus(stack: dict[str, Any]) -
     pod.set_load(prompt_tokens_per_s=6000, generation_tokens_per_s=900, prompt_len=600, output_len=90)
     pod.set_queue(waiting=5, running=12, kv_usage=0.4)
     busy = wait_for("the prompt rate", lambda: source.fetch([target], now=time.time())[target],
-                    lambda s: isinstance(s, Signals) and abs(s.prompt_tokens_per_s - 6000) < 1200, timeout_s=SLOW_BOX_S)
+                    lambda s: isinstance(s, Signals) and abs(s.prompt_tokens_per_s - 6000) < 1200
+                    and abs(s.generation_tokens_per_s - 900) < 225, timeout_s=SLOW_BOX_S)
     assert (busy.requests_waiting, busy.requests_running, busy.kv_cache_usage) == (5, 12, 0.4)
     assert busy.mean_prompt_tokens == pytest.approx(600) and busy.mean_output_tokens == pytest.approx(90)
-    assert busy.generation_tokens_per_s == pytest.approx(900, rel=0.25)
 
 
 class Scaler:

@@ -80,7 +80,7 @@ class FakeOpenAI(BaseHTTPRequestHandler):
         self.send_header("connection", "close")
         self.end_headers()
         if n == 777:
-            time.sleep(3.0)
+            time.sleep(6.0)
             return
         if n == 555:
             self.wfile.write(b"data: {not json\n\n")
@@ -139,7 +139,7 @@ def test_happy_path_records_timing_and_server_counts(fake_url: str, tmp_path: Pa
 
 
 def test_errors_are_counted_never_raised(fake_url: str, tmp_path: Path) -> None:
-    cfg = ReplayConfig(endpoints=(fake_url,), timeout_s=0.5)
+    cfg = ReplayConfig(endpoints=(fake_url,), timeout_s=2.0)  # the scripted hang lasts 6 s
     summary = _run(cfg, tmp_path, [0.0] * 6, [10] * 6, [429, 500, 777, 666, 555, 4])
     assert (summary["completed"], summary["refused"], summary["http_error"]) == (1, 1, 1)
     assert (summary["timeout"], summary["error"]) == (1, 2)

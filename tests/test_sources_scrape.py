@@ -169,15 +169,16 @@ def test_first_fetch_scrapes_twice_so_the_first_evaluation_can_answer(
         pods: tuple[VllmExporter, VllmExporter]) -> None:
     a, _ = pods
     a.set_load(prompt_tokens_per_s=20_000, generation_tokens_per_s=2_000, prompt_len=500, output_len=50)
-    source, target = ScrapeSource([a.url], warmup_s=0.5), Target("m")
+    warmup = 1.5  # long beside a scrape of 127.0.0.1, so a loaded box cannot blur "waited" and "did not"
+    source, target = ScrapeSource([a.url], warmup_s=warmup), Target("m")
     started = time.monotonic()
     first = source.fetch([target], now=1000.0)[target]
-    assert 0.5 <= time.monotonic() - started < 2
+    assert time.monotonic() - started >= warmup
     assert isinstance(first, Signals) and first.at == 1000.0 and first.ready_replicas == 1
     assert 10_000 < first.prompt_tokens_per_s < 30_000  # a short first rate, but a real one
     started = time.monotonic()
     assert isinstance(source.fetch([target], now=1005.0)[target], Signals)
-    assert time.monotonic() - started < 0.5, "only the first sight of a pod waits"
+    assert time.monotonic() - started < warmup, "only the first sight of a pod waits"
 
 
 def test_restarted_pod_counts_from_zero_not_negative(pods: tuple[VllmExporter, VllmExporter]) -> None:
