@@ -108,7 +108,7 @@ def assess(memory: CapacityMemory, signals: Signals, served: float, mean_queue_r
         learned = min(efficiency, per_replica)
     elif calm and per_replica >= LOADED * target_utilization * efficiency:
         probe_per_s = PROBE_SHARE * (1.0 / target_utilization - 1.0) / max(lead_s, rate_window_s)
-        learned = efficiency * (1.0 + probe_per_s * min(dt, rate_window_s))
+        learned = efficiency + probe_per_s * min(dt, rate_window_s)
     learned = min(max(learned, MIN_EFFICIENCY), MAX_EFFICIENCY)
 
     kv_ratios = window.since(memory.kv_ratios, now - rate_window_s)

@@ -355,7 +355,7 @@ def test_kubernetes_discovery_scrapes_a_real_pod_without_prometheus() -> None:
         view, kube = View(ready_replicas=1, scrape_urls=(pod.url,)), Kube()
         kube.view = view
         before = time.time()
-        ev = Evaluator(kube=kube, telemetry=Telemetry())  # no Prometheus, no static scrape targets
+        ev = Evaluator(kube=kube, telemetry=Telemetry(), first_call_timeout_s=15.0)  # no Prometheus, no static targets
         answer = ev.lookup("llm", "chat", META)
         assert answer.active and answer.desired_replicas >= 2
         assert ev.snapshot()[0]["terms"]["ready_replicas"] == 1.0
