@@ -104,7 +104,8 @@ def register(subparsers: Any) -> None:
                                 description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_run_arguments(sim)
     sim.add_argument("--replicas", type=int, default=1, help="fixed fleet size (default 1)")
-    sim.add_argument("--router", default="least-tokens", help="least-tokens (default), round-robin or random")
+    sim.add_argument("--router", default="auto", help="auto (default: prefix when the trace names prefix blocks, "
+                     "else least-tokens), least-tokens, prefix, round-robin or random")
     sim.add_argument("--policy", default=None, help="autoscale with this policy (e.g. leadscale) instead of "
                      "a fixed fleet")
     sim.add_argument("--cold-start", default="lognormal:p50=120,p90=240", help="cold-start spec for --policy")

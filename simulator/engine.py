@@ -43,7 +43,7 @@ __all__ = ["Engine", "EngineConfig", "Fleet", "ReplicaMetrics", "simulate"]
 class EngineConfig:
     """Engine options; validated on construction."""
 
-    router: str = "least-tokens"
+    router: str = "auto"
     seed: int = 0
     gateway_limit: int = 100_000
     kv_sample_s: float = 10.0
@@ -142,7 +142,9 @@ class Engine:
         self.itl = LatencyHistogram()
         self.prefix = ((workload.block_ids, workload.block_offsets, workload.block_tokens)
                        if workload.block_ids is not None else None)
-        self.router = Router(self.config.router, np.random.default_rng([self.config.seed, 1]))
+        self.router = Router(self.config.router, np.random.default_rng([self.config.seed, 1]),
+                             prefix=(workload.block_ids, workload.block_offsets) if self.prefix is not None else None,
+                             prompt_tokens=inp)
         self.gateway: deque[int] = deque()
         self.now = 0.0
         self._heap: list[tuple[float, int, int, int, int]] = []
@@ -195,7 +197,7 @@ class Engine:
             self._route(self.gateway.popleft(), now)
 
     def _route(self, rid: int, now: float) -> None:
-        rep: Replica = self.router.pick(self.fleet.routable)  # type: ignore[assignment]
+        rep: Replica = self.router.pick(self.fleet.routable, rid)  # type: ignore[assignment]
         self._schedule_replica(rep, rep.enqueue(rid, now))
 
     def _arrive(self, rid: int, now: float) -> None:
@@ -259,7 +261,7 @@ class Engine:
                     break
                 self.now = last = t_arr
                 if fleet.routable and not self.gateway and nxt not in too_long:  # the common case, inlined
-                    rep = pick(fleet.routable)
+                    rep = pick(fleet.routable, nxt)
                     t_next = rep.enqueue(nxt, t_arr)
                     if t_next is not None:
                         rep.version += 1
@@ -290,7 +292,7 @@ class Engine:
         return any(not r.idle for r in self.fleet.replicas.values())
 
 
-def simulate(workload: Workload, profile: PerformanceProfile, replicas: int = 1, router: str = "least-tokens",
+def simulate(workload: Workload, profile: PerformanceProfile, replicas: int = 1, router: str = "auto",
              seed: int = 0, progress: Callable[[int], None] | None = None) -> SimulationResult:
     """A fixed fleet of ``replicas`` serving ``workload`` from time 0; pure for a given seed."""
     if not (isinstance(replicas, int) and replicas >= 1):

@@ -20,7 +20,7 @@ class EngineBackend:
     """``Backend`` protocol over ``simulator.engine.Engine``."""
 
     def __init__(self, workload: Any, profile: Any, seed: int = 0, slo_ttft_s: float = 2.0,
-                 slo_tpot_s: float = 0.1, router: str = "least-tokens", gateway_limit: int = 100_000) -> None:
+                 slo_tpot_s: float = 0.1, router: str = "auto", gateway_limit: int = 100_000) -> None:
         if isinstance(profile, str):
             from simulator.profiles import get_profile
 

@@ -8,14 +8,23 @@ Capacity (what vLLM prints at startup as "# GPU blocks"), per GPU of a tensor-pa
 with ``kv_bytes_per_token = 2 (K and V) * layers * kv_heads * head_dim * dtype_bytes``: grouped-query
 attention models store ``kv_heads`` (8 for Llama-3-8B), not ``heads`` (32), so they are not overestimated.
 
-Prefix caching (NOTE: simpler than vLLM's hash chain of 16-token blocks). Traces such as Mooncake name
-each request's prompt in *prefix blocks* (``Workload.block_ids``, 512 tokens each by default; equal ids
-mean equal prefixes). A replica remembers the prefix blocks of prompts it has prefilled in an LRU set
-whose size is its whole KV cache (vLLM keeps freed blocks cached until it needs them). A new request
-skips the computation of its longest run of remembered leading blocks (capped at ``prompt - 1`` tokens,
-rounded down to whole KV blocks, as vLLM always computes the last token). Left out: a cached prefix
-shared by two *running* requests is counted twice in KV usage (vLLM shares the blocks), and eviction is
-LRU over prefix blocks rather than vLLM's free-block queue.
+Prefix caching, as vLLM v1's ``KVCacheManager`` does it (automatic prefix caching, on by default).
+Traces such as Mooncake name each request's prompt in *prefix blocks* (``Workload.block_ids``, 512 tokens
+each by default, i.e. 32 vLLM blocks of 16 tokens; equal ids mean equal prefixes, like vLLM's chained
+block hashes). ``PrefixCache`` tracks them the way vLLM tracks its hashed blocks:
+
+- a new request skips its longest run of cached leading blocks (capped at ``prompt - 1`` tokens, rounded
+  down to whole KV blocks, as vLLM always computes the last token) and takes a reference on each fully hit
+  block; a block held by several running requests is stored once (``shared_kv``: the KV blocks counted
+  twice by per-request block counts, which the scheduler subtracts, so KV usage = blocks held by running
+  requests, vLLM's ``kv_cache_usage_perc``);
+- when a prompt is prefilled its full blocks become cacheable; when a request finishes or is preempted,
+  blocks nobody else holds go to the *free* queue but stay cached (tail blocks first, as vLLM frees in
+  reverse order), and are evicted least recently used only when an allocation needs the room
+  (``trim``: the free cached blocks never exceed the KV blocks not held by running requests).
+Left out: blocks become cacheable when the prompt is fully prefilled (vLLM: after each chunk); a block
+recomputed while an equal one is cached is kept private (not deduplicated); output-token blocks are
+never reused (trace ids describe prompts only).
 """
 
 from __future__ import annotations
@@ -91,50 +100,137 @@ def blocks_for(tokens: np.ndarray | int, block_size: int) -> np.ndarray | int:
 
 
 class PrefixCache:
-    """LRU set of prefix-block ids a replica has computed (see the module docstring)."""
+    """vLLM's prefix cache over trace prefix blocks: ref-counted blocks of running requests + an LRU free queue."""
 
     def __init__(self, capacity_blocks: int, block_tokens: int, kv_block_size: int) -> None:
         if capacity_blocks < 0 or block_tokens < 1 or kv_block_size < 1:
             raise ValueError(f"PrefixCache: capacity_blocks={capacity_blocks}, block_tokens={block_tokens}, "
                              f"kv_block_size={kv_block_size}: need >= 0, >= 1, >= 1")
-        self.capacity = capacity_blocks
+        self.capacity = capacity_blocks  # a static cap on cached prefix blocks; ``trim`` is the dynamic one
         self.block_tokens = block_tokens
         self.kv_block_size = kv_block_size
-        self._lru: OrderedDict[int, None] = OrderedDict()
+        self.kv_per_block = max(block_tokens // kv_block_size, 1)
+        self._free: OrderedDict[int, None] = OrderedDict()  # cached, held by nobody; LRU first
+        self._refs: dict[int, int] = {}  # cached and held by running requests: reference counts
+        self._held: dict[int, list[int]] = {}  # request id -> the blocks it holds references on
+        self.shared_kv = 0  # KV blocks saved by sharing: kv_per_block * sum(refs - 1)
+        self.peek_shared_kv = 0  # of the last lookup's hit: KV blocks already held by running requests
         self.query_tokens = 0
         self.hit_tokens = 0
 
     def __len__(self) -> int:
-        return len(self._lru)
+        return len(self._free) + len(self._refs)
+
+    @property
+    def free_cached_kv(self) -> int:
+        """KV blocks of cached blocks that nobody holds (free in vLLM's sense, reusable until evicted)."""
+        return len(self._free) * self.kv_per_block
 
     def lookup(self, block_ids: np.ndarray, num_tokens: int, touch: bool = True) -> int:
         """Tokens of a ``num_tokens`` prompt that need no computation.
 
         ``touch``: the request is admitted: mark the hit blocks recently used and count the query
-        (vLLM's prefix-cache queries/hits counters); ``touch=False`` only peeks.
+        (vLLM's prefix-cache queries/hits counters); ``touch=False`` only peeks. Sets ``peek_shared_kv``.
         """
-        hits = 0
+        free, refs = self._free, self._refs
+        hits = in_use = 0
         for bid in block_ids.tolist():
-            if bid not in self._lru:
+            if bid in refs:
+                in_use += 1
+            elif bid in free:
+                if touch:
+                    free.move_to_end(bid)
+            else:
                 break
-            if touch:
-                self._lru.move_to_end(bid)
             hits += 1
         cached = max(min(hits * self.block_tokens, num_tokens - 1), 0)
         cached -= cached % self.kv_block_size
+        if in_use:  # count only the shared blocks the hit fully covers
+            in_use = sum(1 for bid in block_ids[: cached // self.block_tokens].tolist() if bid in refs)
+        self.peek_shared_kv = in_use * self.kv_per_block
         if touch:
             self.query_tokens += num_tokens
             self.hit_tokens += cached
         return cached
 
+    def acquire(self, owner: int, block_ids: np.ndarray, num_tokens: int) -> int:
+        """Admit request ``owner``: count the query, take references on the fully hit blocks; returns cached tokens."""
+        cached = self.lookup(block_ids, num_tokens, touch=True)
+        full = cached // self.block_tokens
+        if full:
+            held = self._held.setdefault(owner, [])
+            self._take(block_ids[:full].tolist(), held)
+        return cached
+
+    def _take(self, bids: list[int], held: list[int]) -> None:
+        free, refs = self._free, self._refs
+        for bid in bids:
+            count = refs.get(bid)
+            if count is not None:
+                refs[bid] = count + 1
+                self.shared_kv += self.kv_per_block
+            else:
+                free.pop(bid, None)
+                refs[bid] = 1
+            held.append(bid)
+
+    def register(self, owner: int, block_ids: np.ndarray, prompt_tokens: int) -> None:
+        """``owner`` has prefilled its prompt: its full blocks that are not cached yet become cached (held)."""
+        full = min(len(block_ids), prompt_tokens // self.block_tokens)
+        if full == 0 or self.capacity == 0:
+            return
+        held = self._held.setdefault(owner, [])
+        refs, free = self._refs, self._free
+        for bid in block_ids[len(held): full].tolist():
+            if bid not in refs and bid not in free:  # else an equal block is cached: ours stays private
+                refs[bid] = 1
+                held.append(bid)
+
+    def release(self, owner: int) -> int:
+        """``owner`` finished or was preempted: drop its references; returns KV blocks others still hold."""
+        held = self._held.pop(owner, None)
+        if not held:
+            return 0
+        refs, free, still = self._refs, self._free, 0
+        for bid in reversed(held):  # vLLM frees the tail first, so it is evicted first
+            count = refs[bid] - 1
+            if count:
+                refs[bid] = count
+                still += 1
+            else:
+                del refs[bid]
+                free[bid] = None
+        still *= self.kv_per_block
+        self.shared_kv -= still
+        self._cap()
+        return still
+
+    def trim(self, free_kv_blocks: int) -> None:
+        """Evict free cached blocks, least recently used first, until they fit in ``free_kv_blocks``."""
+        free, per = self._free, self.kv_per_block
+        while free and len(free) * per > free_kv_blocks:
+            free.popitem(last=False)
+
+    def clear(self) -> None:
+        """Forget everything (the pod is gone)."""
+        self._free.clear()
+        self._refs.clear()
+        self._held.clear()
+        self.shared_kv = 0
+
     def insert(self, block_ids: np.ndarray, prompt_tokens: int) -> None:
-        """Remember the full prefix blocks of a prompt just prefilled; evict the least recently used."""
+        """Cache the full prefix blocks of a prompt as free (nobody holds them); evict beyond ``capacity``."""
         full = min(len(block_ids), prompt_tokens // self.block_tokens)
         if self.capacity == 0 or full == 0:
             return
-        lru = self._lru
+        free, refs = self._free, self._refs
         for bid in block_ids[:full].tolist():
-            lru[bid] = None
-            lru.move_to_end(bid)
-        while len(lru) > self.capacity:
-            lru.popitem(last=False)
+            if bid not in refs:
+                free[bid] = None
+                free.move_to_end(bid)
+        self._cap()
+
+    def _cap(self) -> None:
+        free = self._free
+        while free and len(free) + len(self._refs) > self.capacity:
+            free.popitem(last=False)

@@ -125,6 +125,8 @@ class Replica(SchedulerState):
         ids = [int(i) for i in running] + list(self.waiting)
         log.status[ids] = ABORTED
         self.n = self.comp_sum = self.new_sum = self.outstanding_tokens = self.fresh = 0
+        if self.prefix is not None:
+            self.prefix.clear()
         self.busy_until, self.run = None, None
         self.waiting.clear()
         return ids
@@ -158,9 +160,10 @@ class Replica(SchedulerState):
         if self.waiting:
             head = self._head_tokens(self.budget - n, self.clock)
             if head is not None:
-                want = -(-(head[0] + head[1]) // bs)
+                shared = self.prefix.shared_kv if self.prefix is not None else 0
+                want = -(-(head[0] + head[1]) // bs) - (self.prefix.peek_shared_kv if self.prefix is not None else 0)
                 if ((self.comp_sum + n) / bs + n + want <= total
-                        or want <= total - int(((S[COMP, :n] + bs) // bs).sum())):
+                        or want <= total + shared - int(((S[COMP, :n] + bs) // bs).sum())):
                     return None  # it would be admitted next step
         k = self.run_fin = int(-S[LEFT, :n].max())  # steps until the first finish
         if (self.comp_sum + n * k) / bs + n > total:
@@ -177,7 +180,8 @@ class Replica(SchedulerState):
 
     def _kv_run_length(self, k_fin: int) -> int:
         """Steps (<= k_fin) whose blocks fit: the cache runs out at the next one (which then preempts)."""
-        S, bs, n, total = self.S, self.bs, self.n, self.total_blocks
+        S, bs, n = self.S, self.bs, self.n
+        total = self.total_blocks + (self.prefix.shared_kv if self.prefix is not None else 0)
         comp = S[COMP, :n] + (bs - 1)
         lo, hi = 0, k_fin + 1  # fits(lo), not fits(hi)
         while hi - lo > 1:

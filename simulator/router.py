@@ -1,8 +1,19 @@
 """Which replica gets a request: what the gateway in front of the vLLM pods does.
 
-- ``least-tokens`` (default): fewest outstanding tokens (prompt + output of the requests it holds and
-  has not finished), ties to the oldest replica. Like a token-aware gateway (e.g. the Gateway API
-  inference extension); it spreads a 30k-token prompt differently from a 100-token one.
+- ``auto`` (default): ``prefix`` when the workload names prefix blocks (e.g. Mooncake's ``hash_ids``),
+  else ``least-tokens``.
+- ``least-tokens``: fewest outstanding tokens (prompt + output of the requests it holds and has not
+  finished), ties to the oldest replica. Like a token-aware gateway (e.g. the Gateway API inference
+  extension); it spreads a 30k-token prompt differently from a 100-token one.
+- ``prefix``: prefix-cache-aware, as deployments serving prefix-heavy traffic route: llm-d's inference
+  scheduler (prefix-cache scorer weighed against load scorers), vLLM production-stack's prefix-aware
+  router, SGLang's cache-aware router, Mooncake's Conductor (FAST'25: picks the instance with the lowest
+  estimated TTFT given its cached prefix and its queue). Rule: the replica with the lowest
+  ``outstanding_tokens + (prompt - cached prefix tokens there)``, i.e. the work it would hold after
+  taking the request, with the prefix it already has for free; ties to the oldest. A replica holding a
+  long prefix wins until its backlog exceeds the prefill it saves, so one replica is not overloaded.
+  The cached prefix is read from each replica's prefix cache (an exact index; llm-d and production-stack
+  keep an approximate one fed by KV events or by their own routing history).
 - ``round-robin``: in turn, like a plain Kubernetes Service (kube-proxy) under steady load.
 - ``random``: uniformly at random from the router's own ``numpy.random.Generator``.
 Draining replicas never get new requests (the engine passes only routable ones).
@@ -12,11 +23,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from operator import attrgetter
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
-ROUTERS = ("least-tokens", "round-robin", "random")
+ROUTERS = ("auto", "least-tokens", "prefix", "round-robin", "random")
 _outstanding = attrgetter("outstanding_tokens")
 
 
@@ -26,20 +37,45 @@ class Routable(Protocol):
 
 
 class Router:
-    """Picks one of the routable replicas for each request; deterministic for a seed."""
+    """Picks one of the routable replicas for each request; deterministic for a seed.
 
-    def __init__(self, name: str = "least-tokens", rng: np.random.Generator | None = None) -> None:
+    ``prefix`` (the workload's ``(block_ids, block_offsets)`` and prompt lengths) lets ``prefix`` and
+    ``auto`` see each request's blocks; without it both behave as ``least-tokens``.
+    """
+
+    def __init__(self, name: str = "auto", rng: np.random.Generator | None = None,
+                 prefix: tuple[np.ndarray, np.ndarray] | None = None, prompt_tokens: np.ndarray | None = None) -> None:
         if name not in ROUTERS:
             raise ValueError(f"router={name!r}: must be one of {list(ROUTERS)}")
+        self.requested = name
         self.name = name
+        if name in ("auto", "prefix"):
+            self.name = "prefix" if prefix is not None and prompt_tokens is not None else "least-tokens"
         self.rng = rng if rng is not None else np.random.default_rng(0)
         self._turn = 0
+        self._blocks, self._offsets = prefix if prefix is not None else (None, None)
+        self._prompt = prompt_tokens.tolist() if prompt_tokens is not None else []
 
-    def pick(self, replicas: Sequence[Routable]) -> Routable:
-        """The replica for the next request (``replicas`` non-empty, in id order)."""
-        if self.name == "least-tokens":
+    def pick(self, replicas: Sequence[Routable], rid: int = -1) -> Routable:
+        """The replica for request ``rid`` (``replicas`` non-empty, in id order)."""
+        if self.name == "least-tokens" or (self.name == "prefix" and (rid < 0 or len(replicas) == 1)):
             return min(replicas, key=_outstanding)  # the first of equals: the oldest
+        if self.name == "prefix":
+            return self._pick_prefix(replicas, rid)
         if self.name == "round-robin":
             self._turn += 1
             return replicas[(self._turn - 1) % len(replicas)]
         return replicas[int(self.rng.integers(len(replicas)))]
+
+    def _pick_prefix(self, replicas: Sequence[Routable], rid: int) -> Routable:
+        assert self._blocks is not None and self._offsets is not None
+        blocks = self._blocks[self._offsets[rid]: self._offsets[rid + 1]]
+        prompt = self._prompt[rid]
+        best, best_cost = replicas[0], None
+        for rep in replicas:
+            cache: Any = getattr(rep, "prefix", None)
+            cached = cache.lookup(blocks, prompt, touch=False) if cache is not None and blocks.size else 0
+            cost = rep.outstanding_tokens + prompt - cached
+            if best_cost is None or cost < best_cost:
+                best, best_cost = rep, cost
+        return best

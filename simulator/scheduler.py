@@ -67,13 +67,20 @@ class SchedulerState:
     def used_blocks(self) -> int:
         """KV blocks held now (exact); a decode run has one token in flight per request."""
         n, S, bs = self.n, self.S, self.bs
+        shared = self.prefix.shared_kv if self.prefix is not None else 0  # prefix blocks stored once
         if self.run is not None:
-            return int(((S[COMP, :n] + bs) // bs).sum())
-        return int(((S[COMP, :n] + S[NEW, :n] + (bs - 1)) // bs).sum())
+            return int(((S[COMP, :n] + bs) // bs).sum()) - shared
+        return int(((S[COMP, :n] + S[NEW, :n] + (bs - 1)) // bs).sum()) - shared
 
     def _used_bound(self) -> float:
         """An upper bound on ``used_blocks()`` from running sums (no array work)."""
         return (self.comp_sum + self.new_sum) / self.bs + self.n
+
+    def _trim_cache(self) -> None:
+        """Evict free cached prefix blocks that no longer fit beside the blocks running requests hold."""
+        prefix = self.prefix
+        if prefix is not None and prefix.free_cached_kv + self._used_bound() > self.total_blocks:
+            prefix.trim(self.total_blocks - self.used_blocks())
 
     def _head_tokens(self, budget: int, now: float) -> tuple[int, int] | None:
         """(cached, scheduled) tokens of the waiting head if seats, budget and arrival allow admitting it."""
@@ -84,14 +91,18 @@ class SchedulerState:
         if log.arrival_l[rid] > now:
             return None
         ntok = log.input_l[rid] + int(log.generated[rid])
+        if self.prefix is not None:
+            self._trim_cache()
         cached = self._cached(rid, ntok, touch=False)
         return cached, min(ntok - cached, budget)
 
     def _cached(self, rid: int, ntok: int, touch: bool) -> int:
         if self.prefix is None:
             return 0
-        return self.prefix.lookup(self._block_ids[self._block_offsets[rid]: self._block_offsets[rid + 1]], ntok,
-                                  touch=touch)
+        blocks = self._block_ids[self._block_offsets[rid]: self._block_offsets[rid + 1]]
+        if touch:
+            return self.prefix.acquire(rid, blocks, ntok)
+        return self.prefix.lookup(blocks, ntok, touch=False)
 
     # ----- one general step ------------------------------------------------------------------------------
     def _start_step(self) -> float | None:
@@ -123,6 +134,7 @@ class SchedulerState:
                 self.n_running = self.n
         if not preempted:
             self._admit(self.budget - self.new_sum, free)
+        self._trim_cache()  # the step's allocations may evict free cached blocks
         n = self.n
         if n == 0:  # idle, or everything running was preempted (the next step admits)
             self.busy_until = None
@@ -184,7 +196,8 @@ class SchedulerState:
         self.waiting.appendleft(rid)
         self.n -= 1
         self.comp_sum -= comp
-        return -(-comp // self.bs)
+        shared = self.prefix.release(rid) if self.prefix is not None else 0
+        return -(-comp // self.bs) - shared
 
     def _admit(self, budget: int, free: int | None) -> None:
         """Admit waiting requests FCFS while seats, budget and blocks last (each one a prefill)."""
@@ -195,7 +208,7 @@ class SchedulerState:
             if head is None:
                 break
             cached, nt = head
-            want = -(-(cached + nt) // bs)
+            want = -(-(cached + nt) // bs) - (self.prefix.peek_shared_kv if self.prefix is not None else 0)
             if free is None and bound + want > self.total_blocks:
                 free = self.total_blocks - self.used_blocks()
             if free is not None:
@@ -272,8 +285,8 @@ class SchedulerState:
             self.fresh -= 1
             self.counters["prompt_tokens_total"] += log.input_l[rid]
             if self.prefix is not None:
-                self.prefix.insert(self._block_ids[self._block_offsets[rid]: self._block_offsets[rid + 1]],
-                                   log.input_l[rid])
+                self.prefix.register(rid, self._block_ids[self._block_offsets[rid]: self._block_offsets[rid + 1]],
+                                     log.input_l[rid])
 
     def _finish_done(self, end: float) -> None:
         """Retire the running requests that reached their output length at ``end``; compact the columns."""
@@ -293,6 +306,8 @@ class SchedulerState:
             prompt += log.input_l[rid]
             output += out
             self.comp_sum -= int(S[COMP, i])
+            if self.prefix is not None:
+                self.prefix.release(rid)
         c["request_success_total"] += len(idx)
         c["request_prompt_tokens_sum"] += prompt
         c["request_generation_tokens_sum"] += output

@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared"
@@ -13,6 +14,12 @@ TRACES = SHARED / "traces"
 PROFILES_DATA = SHARED / "profiles"
 SCHEMAS = SHARED / "schemas"
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+# A loaded 2-core CI box can take longer than hypothesis' default 200 ms per example: judge the
+# property, not the machine's speed. Example counts and seeds stay as each test sets them.
+settings.register_profile("ci", deadline=None)
+if IN_CI:
+    settings.load_profile("ci")
 
 
 def require(condition: bool, what: str) -> None:
