@@ -32,6 +32,7 @@ def signal_values(draw: st.DrawFn, rate: st.SearchStrategy[float] = rates) -> di
         mean_prompt_tokens=draw(optional_mean), mean_output_tokens=draw(optional_mean),
         waiting_tokens=draw(st.none() | rate), lead_time_s=draw(st.none() | st.floats(0.0, 3600.0)),
         activation_value=draw(st.none() | st.floats(-10.0, 10.0)),
+        kv_cache_usage=draw(st.none() | st.floats(0.0, 1.0)),
     )
 
 
@@ -78,6 +79,8 @@ def test_more_demand_never_means_fewer_replicas(case, d_prompt, d_gen, d_waiting
     more["requests_running"] = values["requests_running"] + d_running  # type: ignore[operator]
     if values["waiting_tokens"] is not None:
         more["waiting_tokens"] = values["waiting_tokens"] + d_tokens  # type: ignore[operator]
+    if values["kv_cache_usage"] is not None:
+        more["kv_cache_usage"] = min(1.0, values["kv_cache_usage"] + d_waiting / 1e4)  # type: ignore[operator]
     assert run(config, state, now, more).desired_replicas >= run(config, state, now, values).desired_replicas
 
 
