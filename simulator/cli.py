@@ -133,7 +133,8 @@ def run_simulate(args: argparse.Namespace) -> int:
         else:
             result = _fixed(args, inputs)
             summary = result.summary(inputs.slo_ttft_s, inputs.slo_tpot_s, workload=inputs.workload.name,
-                                     replicas=args.replicas, router=args.router, seed=inputs.seed)
+                                     replicas=args.replicas, router=_router_name(args.router, inputs),
+                                     seed=inputs.seed)
     except (ValueError, KeyError, OSError) as exc:
         print(f"leadscale simulate: {exc.args[0] if isinstance(exc, KeyError) else exc}", file=sys.stderr)
         return 2
@@ -150,6 +151,13 @@ def run_simulate(args: argparse.Namespace) -> int:
         for key, value in summary.items():
             print(f"{key:28s} {value:.4g}" if isinstance(value, float) else f"{key:28s} {value}")
     return 0
+
+
+def _router_name(name: str, inputs: RunInputs) -> str:
+    """The router ``auto`` resolves to (what the summary reports)."""
+    if name != "auto":
+        return name
+    return "prefix" if inputs.workload.block_ids is not None else "least-tokens"
 
 
 def _fixed(args: argparse.Namespace, inputs: RunInputs) -> Any:

@@ -1,9 +1,11 @@
-"""KV memory ledger (GQA-aware) and the prefix cache."""
+"""KV memory ledger (GQA-aware) and the prefix cache (vLLM v1: ref-counted blocks, LRU free queue)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from simulator.kv_cache import MemoryLedger, PrefixCache, blocks_for, kv_bytes_per_token
 
@@ -63,3 +65,66 @@ def test_prefix_cache_evicts_least_recently_used() -> None:
     assert cache.lookup(np.array([1]), 1000) == 512
     cache.insert(np.array([4, 5]), 700)   # only one full block of a 700-token prompt
     assert len(cache) == 2
+
+
+# ----- vLLM-faithful prefix caching: references, free queue, LRU eviction ------------------------------------
+def test_shared_prefix_is_stored_once() -> None:
+    cache = PrefixCache(capacity_blocks=100, block_tokens=512, kv_block_size=16)
+    cache.acquire(1, np.array([7, 8, 9]), 1600)
+    cache.register(1, np.array([7, 8, 9]), 1600)           # request 1 prefilled 3 full blocks
+    assert cache.shared_kv == 0 and len(cache) == 3
+    assert cache.acquire(2, np.array([7, 8, 5]), 2000) == 1024
+    assert cache.shared_kv == 2 * 32                        # two 512-token blocks held twice, stored once
+    assert cache.release(1) == 2 * 32 and cache.shared_kv == 0  # 2 still held by request 2
+    assert cache.free_cached_kv == 32                       # block 9 is free but still cached
+    cache.release(2)
+    assert cache.free_cached_kv == 3 * 32 and cache.shared_kv == 0
+
+
+def test_finished_request_blocks_reused_until_evicted() -> None:
+    cache = PrefixCache(capacity_blocks=100, block_tokens=512, kv_block_size=16)
+    cache.acquire(1, np.array([1, 2]), 1100)
+    cache.register(1, np.array([1, 2]), 1100)
+    cache.release(1)                                        # finished: blocks stay in the free queue
+    assert cache.acquire(2, np.array([1, 2, 3]), 2000) == 1024
+    cache.release(2)
+    cache.trim(32)                                          # an allocation left room for one block only
+    assert cache.lookup(np.array([1, 2]), 2000, touch=False) == 512  # the tail went first (freed first)
+    cache.trim(0)
+    assert cache.lookup(np.array([1, 2]), 2000, touch=False) == 0 and len(cache) == 0
+
+
+def test_trim_evicts_least_recently_used_and_spares_held_blocks() -> None:
+    cache = PrefixCache(capacity_blocks=100, block_tokens=512, kv_block_size=16)
+    for owner, bid in enumerate([10, 20, 30]):
+        cache.register(owner, np.array([bid]), 512)
+        cache.release(owner)                                # free queue: 10, 20, 30
+    cache.lookup(np.array([10]), 1000)                      # touch: 10 is now the most recent
+    cache.acquire(9, np.array([20]), 1000)                  # held: out of the free queue
+    cache.trim(32)
+    assert cache.lookup(np.array([30]), 1000, touch=False) == 0
+    assert cache.lookup(np.array([10]), 1000, touch=False) == 512
+    cache.trim(0)
+    assert cache.lookup(np.array([20]), 1000, touch=False) == 512  # held blocks are never evicted
+
+
+@given(st.lists(st.tuples(st.integers(0, 3), st.lists(st.integers(0, 6), min_size=1, max_size=4)), max_size=30))
+@settings(max_examples=80, deadline=None)
+def test_reference_counts_stay_consistent(ops: list[tuple[int, list[int]]]) -> None:
+    cache = PrefixCache(capacity_blocks=5, block_tokens=32, kv_block_size=16)
+    live: set[int] = set()
+    for owner, ids in ops:
+        if owner in live:
+            cache.release(owner)
+            live.discard(owner)
+        else:
+            blocks = np.array(sorted(set(ids)))
+            cached = cache.acquire(owner, blocks, 32 * len(blocks) + 1)
+            assert cached % 16 == 0 and 0 <= cached <= 32 * len(blocks)
+            cache.register(owner, blocks, 32 * len(blocks))
+            live.add(owner)
+        refs = sum(len(cache._held.get(o, [])) for o in live)
+        assert cache.shared_kv == 2 * (refs - len(cache._refs)) >= 0
+    for owner in list(live):
+        cache.release(owner)
+    assert cache.shared_kv == 0 and not cache._refs
