@@ -115,18 +115,26 @@ SERVER_HISTOGRAMS = {
 }
 
 
-def server_means(timeline: list[dict[str, Any]]) -> dict[str, float | None]:
-    """Engine-side means over the replay from each endpoint's first and last good scrape.
-
-    These are vLLM's own timings (no HTTP, no client): the part of latency the simulator models. The
-    gap between them and the client's numbers is the serving frontend (and the network).
-    """
+def _first_and_last_scrapes(
+    timeline: list[dict[str, Any]],
+) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, float]]]:
+    """Each endpoint's first and last good scrape: the bounds of what it did during the replay."""
     first: dict[str, dict[str, float]] = {}
     last: dict[str, dict[str, float]] = {}
     for line in timeline:
         if line.get("ok"):
             first.setdefault(line["endpoint"], line["samples"])
             last[line["endpoint"]] = line["samples"]
+    return first, last
+
+
+def server_means(timeline: list[dict[str, Any]]) -> dict[str, float | None]:
+    """Engine-side means over the replay from each endpoint's first and last good scrape.
+
+    These are vLLM's own timings (no HTTP, no client): the part of latency the simulator models. The
+    gap between them and the client's numbers is the serving frontend (and the network).
+    """
+    first, last = _first_and_last_scrapes(timeline)
     out: dict[str, float | None] = {}
     for key, name in SERVER_HISTOGRAMS.items():
         total = count = 0.0
@@ -162,12 +170,7 @@ def histogram_delta(timeline: list[dict[str, Any]], name: str) -> tuple[np.ndarr
 
     Returns (upper bounds, cumulative counts), sorted, ``+Inf`` included; empty arrays when absent.
     """
-    first: dict[str, dict[str, float]] = {}
-    last: dict[str, dict[str, float]] = {}
-    for line in timeline:
-        if line.get("ok"):
-            first.setdefault(line["endpoint"], line["samples"])
-            last[line["endpoint"]] = line["samples"]
+    first, last = _first_and_last_scrapes(timeline)
     totals: dict[float, float] = {}
     prefix = name + "_bucket{"
     for url, end in last.items():

@@ -74,6 +74,21 @@ def _p95_per_minute(arrival: np.ndarray, ttft: np.ndarray) -> tuple[np.ndarray, 
     return starts.astype(float), np.array([np.percentile(g, 95) for g in groups])
 
 
+def _legend_and_grid(ax: Any, loc: str) -> None:
+    ax.legend(fontsize=8, loc=loc)
+    ax.grid(alpha=0.3)
+
+
+def _save(fig: Any, out_dir: Path, name: str) -> str:
+    """Write one figure as a PNG beside the report and free it; returns the file name for the report."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(out_dir / name, dpi=90)
+    plt.close(fig)
+    return name
+
+
 def plot(results: Mapping[str, ResultLike], out_dir: Path, slo_ttft_s: float) -> list[str]:
     """Write the PNGs; returns their file names."""
     import matplotlib
@@ -97,10 +112,7 @@ def plot(results: Mapping[str, ResultLike], out_dir: Path, slo_ttft_s: float) ->
         ax.grid(alpha=0.3)
     axes[0, 0].legend(fontsize=8, loc="upper right")
     axes[-1, 0].set_xlabel("time (min)")
-    fig.tight_layout()
-    fig.savefig(out_dir / "replicas.png", dpi=90)
-    plt.close(fig)
-    files.append("replicas.png")
+    files.append(_save(fig, out_dir, "replicas.png"))
 
     fig, ax = plt.subplots(figsize=(10, 3.5))
     for name in names:
@@ -110,12 +122,8 @@ def plot(results: Mapping[str, ResultLike], out_dir: Path, slo_ttft_s: float) ->
     ax.set_yscale("log")
     ax.set_xlabel("time (min)")
     ax.set_ylabel("p95 TTFT per minute (s)")
-    ax.legend(fontsize=8, loc="upper left")
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(out_dir / "ttft_over_time.png", dpi=90)
-    plt.close(fig)
-    files.append("ttft_over_time.png")
+    _legend_and_grid(ax, "upper left")
+    files.append(_save(fig, out_dir, "ttft_over_time.png"))
 
     fig, ax = plt.subplots(figsize=(7, 4))
     for name in names:
@@ -129,12 +137,8 @@ def plot(results: Mapping[str, ResultLike], out_dir: Path, slo_ttft_s: float) ->
     ax.set_xscale("log")
     ax.set_xlabel("TTFT (s)")
     ax.set_ylabel("fraction of requests")
-    ax.legend(fontsize=8, loc="lower right")
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(out_dir / "ttft_cdf.png", dpi=90)
-    plt.close(fig)
-    files.append("ttft_cdf.png")
+    _legend_and_grid(ax, "lower right")
+    files.append(_save(fig, out_dir, "ttft_cdf.png"))
     return files
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.metadata import with_changes as support_with_changes
 
 from scaler.metadata import CORE_KEYS, KEDA_KEYS, MetadataError, ScalerConfig, known_keys, parse_metadata
 
@@ -72,13 +73,7 @@ BAD_CASES: list[tuple[str, dict[str, str | None], str, str | None]] = [
 
 
 def with_changes(changes: dict[str, str | None]) -> dict[str, str]:
-    out = dict(GOOD)
-    for key, value in changes.items():
-        if value is None:
-            out.pop(key, None)
-        else:
-            out[key] = value
-    return out
+    return support_with_changes(GOOD, changes)
 
 
 @pytest.mark.parametrize(("changes", "key", "value"), [c[1:] for c in BAD_CASES], ids=[c[0] for c in BAD_CASES])

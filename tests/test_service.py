@@ -18,6 +18,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
+from support.metadata import with_changes as changed
 from test_evaluator import META, FakeSource
 from test_metadata import BAD_CASES, with_changes
 
@@ -59,13 +60,7 @@ def ref(name: str = "chat", **changes: str | None) -> pb.ScaledObjectRef:
 
 
 def with_changes_meta(changes: dict[str, str | None]) -> dict[str, str]:
-    out = dict(META)
-    for key, value in changes.items():
-        if value is None:
-            out.pop(key, None)
-        else:
-            out[key] = value
-    return out
+    return changed(META, changes)
 
 
 def test_get_metric_spec_is_constant_target_one(harness: Harness) -> None:
