@@ -59,7 +59,8 @@ def _child_cpu(cmd: list[str]) -> float:
 
 
 def bench_vllm_sr_sim(requests: int, rate: float, replicas: int, repeat: int) -> dict[str, float] | None:
-    exe = shutil.which("vllm-sr-sim")
+    # on PATH, or beside this interpreter (a venv's bin/ that is not activated)
+    exe = shutil.which("vllm-sr-sim") or shutil.which("vllm-sr-sim", path=str(Path(sys.executable).parent))
     if exe is None:
         return None
     import fleet_sim  # the package vllm-sr-sim installs

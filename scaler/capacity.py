@@ -13,12 +13,20 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class ReplicaCapacity:
-    """Sustainable per-replica rates within the SLO (not peak hardware throughput)."""
+    """Sustainable per-replica rates within the SLO (not peak hardware throughput).
+
+    ``prefill_attention_tokens`` (K) makes prefill cost grow with prompt length: a prompt of ``n``
+    tokens costs ``n (1 + n / 2K) / prefill_tokens_per_s`` replica-seconds (causal attention: token
+    ``i`` attends to ``i`` earlier ones), so ``prefill_tokens_per_s`` is then the rate for short
+    prompts and K the length at which one token's attention costs as much as its linear part. None:
+    every prompt token costs the same (the rate was measured on the workload's own mix).
+    """
 
     prefill_tokens_per_s: float
     decode_tokens_per_s: float
     max_num_seqs: int
     kv_cache_tokens: int
+    prefill_attention_tokens: float | None = None
 
     def __post_init__(self) -> None:
         problems = []
@@ -30,5 +38,20 @@ class ReplicaCapacity:
             value = getattr(self, name)
             if not (isinstance(value, int) and value > 0):
                 problems.append(f"{name}={value!r}: must be an integer > 0")
+        k = self.prefill_attention_tokens
+        if k is not None and not (isinstance(k, (int, float)) and not isinstance(k, bool) and math.isfinite(k)
+                                  and k > 0):
+            problems.append(f"prefill_attention_tokens={k!r}: must be None or a finite number > 0")
         if problems:
             raise ValueError("invalid ReplicaCapacity: " + "; ".join(problems))
+
+    def prefill_cost_factor(self, token_weighted_prompt_tokens: float | None) -> float:
+        """Prefill replica-seconds per prompt token, relative to ``1 / prefill_tokens_per_s``.
+
+        Summed over requests, ``Σ n (1 + n / 2K) = Σn (1 + L / 2K)`` with ``L = Σn² / Σn`` the
+        token-weighted mean prompt length (``scaler.prompt_lengths``). 1 without K or without L.
+        """
+        k, length = self.prefill_attention_tokens, token_weighted_prompt_tokens
+        if k is None or length is None or not (math.isfinite(length) and length > 0):
+            return 1.0
+        return 1.0 + length / (2.0 * k)

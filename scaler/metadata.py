@@ -26,10 +26,12 @@ from scaler.metadata_values import LABEL_NAME, Problem, Reader
 from scaler.sources.base import RESERVED_LABELS
 
 EXPLICIT_CAPACITY_KEYS = ("prefillTokensPerSecond", "decodeTokensPerSecond", "maxNumSeqs", "kvCacheTokens")
+OPTIONAL_CAPACITY_KEYS = ("prefillAttentionTokens",)
+"""With the explicit keys only: K of ``ReplicaCapacity.prefill_attention_tokens`` (a profile carries its own)."""
 CORE_KEYS = (
-    "model", "prometheusAddress", "profile", *EXPLICIT_CAPACITY_KEYS, "ttftSeconds", "targetUtilization",
-    "leadTime", "scaleDownDelay", "minReplicas", "maxReplicas", "activationQuery", "activationThreshold",
-    "namespaceLabel", "labelSelector", "rateWindow", "scrapeTargets",
+    "model", "prometheusAddress", "profile", *EXPLICIT_CAPACITY_KEYS, *OPTIONAL_CAPACITY_KEYS, "ttftSeconds",
+    "targetUtilization", "leadTime", "scaleDownDelay", "minReplicas", "maxReplicas", "activationQuery",
+    "activationThreshold", "namespaceLabel", "labelSelector", "rateWindow", "scrapeTargets",
 )
 # KEDA's own external-scaler keys: KEDA forwards the whole trigger metadata, these included
 KEDA_KEYS = ("scalerAddress", "enableTLS", "unsafeSsl", "caCert", "tlsCertFile", "tlsClientCert", "tlsClientKey")
@@ -47,7 +49,7 @@ CORE_POLICY_FIELDS = {
 # so every key is documented and a new policy field becomes a key only when someone adds (and documents) it
 POLICY_TUNABLES: dict[str, tuple[str, type]] = {
     "backlogDrainSeconds": ("backlog_drain_s", float), "trendWindowSeconds": ("trend_window_s", float),
-    "trendConfidence": ("trend_confidence", float), "capacityMemorySeconds": ("capacity_memory_s", float),
+    "trendConfidence": ("trend_confidence", float),
 }
 
 
@@ -135,7 +137,7 @@ def known_keys() -> tuple[str, ...]:
 
 def _capacity(reader: Reader, ttft_s: float | None) -> tuple[ReplicaCapacity | None, str | None]:
     profile = reader.text("profile")
-    explicit = [key for key in EXPLICIT_CAPACITY_KEYS if reader.raw.get(key)]
+    explicit = [key for key in EXPLICIT_CAPACITY_KEYS + OPTIONAL_CAPACITY_KEYS if reader.raw.get(key)]
     if profile is not None and explicit:
         both = "either profile or the explicit " + "/".join(EXPLICIT_CAPACITY_KEYS) + ", not both"
         reader.problem(explicit[0], reader.raw[explicit[0]], both)
@@ -152,16 +154,17 @@ def _capacity(reader: Reader, ttft_s: float | None) -> tuple[ReplicaCapacity | N
         except (KeyError, ValueError) as exc:
             reader.problem("profile", profile, f"a profile valid at ttftSeconds={ttft_s} ({exc})")
             return None, profile
-    if not explicit:
+    if not set(explicit) - set(OPTIONAL_CAPACITY_KEYS):
         reader.problem("profile", None, "a profile name, or all of " + ", ".join(EXPLICIT_CAPACITY_KEYS))
         return None, None
     prefill = reader.number("prefillTokensPerSecond", None, low=0.0, low_open=True, required=True)
     decode = reader.number("decodeTokensPerSecond", None, low=0.0, low_open=True, required=True)
     seqs = reader.number("maxNumSeqs", None, low=1, required=True, kind="integer")
     kv = reader.number("kvCacheTokens", None, low=1, required=True, kind="integer")
+    attention = reader.number("prefillAttentionTokens", None, low=0.0, low_open=True)
     if None in (prefill, decode, seqs, kv):
         return None, None
-    return ReplicaCapacity(prefill, decode, seqs, kv), None  # type: ignore[arg-type]
+    return ReplicaCapacity(prefill, decode, seqs, kv, attention), None  # type: ignore[arg-type]
 
 
 def _label_name_problem(name: str) -> str | None:

@@ -4,7 +4,8 @@
 immutable ``PolicyState`` it returns. It sizes a vLLM fleet in *replica units* (1.0 = the token work
 one replica sustains within the SLO, ``ReplicaCapacity``):
 
-1. demand = prompt tokens/s ÷ prefill capacity + generated tokens/s ÷ decode capacity, plus the
+1. demand = prompt tokens/s × their length-dependent cost ÷ prefill capacity (long prompts cost
+   more per token: ``ReplicaCapacity.prefill_cost_factor``) + generated tokens/s ÷ decode capacity, plus the
    growth of the waiting backlog over the rate window (a saturated fleet's throughput understates
    what arrives: arrivals = served + backlog growth), scaled by what a replica really delivers on
    this workload (``scaler.efficiency``, learned from the fleet's queue and KV cache);
@@ -32,6 +33,9 @@ from scaler.signals import Signals
 
 BIG = 1e12
 """Ceiling for every derived quantity: absurd but finite inputs give absurd but finite terms."""
+
+MIN_WAIT_SHARE = 0.1
+"""Share of the TTFT SLO always left for queueing, however long the prompts' own prefill."""
 
 MAX_LEAD_TIME_S = 86_400.0
 """A measured lead time above a day is a broken measurement; it is clipped, not trusted."""
@@ -152,14 +156,25 @@ def _waiting_tokens(signals: Signals, config: PolicyConfig) -> tuple[float, floa
     return _clip(signals.requests_waiting * mean), 1.0
 
 
-def _work_per_waiting_token(signals: Signals, cap: ReplicaCapacity) -> float:
-    """Replica-seconds of work one waiting prompt token brings: its prefill plus, when mean lengths are
-    known, its share of decode (mean output / mean prompt tokens of generation). Without the means only
-    prefill is counted: the queue drains, and TTFT is met, when prompts are admitted; their decode
-    shows up in the generation rate once they run. Independent of the current rates, so more load
-    never lowers it.
+def _prompt_length(signals: Signals) -> tuple[float | None, float]:
+    """The token-weighted mean prompt length behind the prefill cost, and 1.0 when estimated.
+
+    Without vLLM's prompt-length histogram buckets, the request mean stands in: it is a lower bound
+    (``Σn²/Σn >= Σn/N``), so long-prompt work is then under- never over-counted, and the term says so.
     """
-    work = 1.0 / cap.prefill_tokens_per_s
+    if signals.prompt_tokens_weighted_mean is not None:
+        return signals.prompt_tokens_weighted_mean, 0.0
+    return signals.mean_prompt_tokens, 1.0 if signals.mean_prompt_tokens is not None else 0.0
+
+
+def _work_per_waiting_token(signals: Signals, cap: ReplicaCapacity, prefill_factor: float) -> float:
+    """Replica-seconds of work one waiting prompt token brings: its prefill (at the recent prompts'
+    length-dependent cost) plus, when mean lengths are known, its share of decode (mean output / mean
+    prompt tokens of generation). Without the means only prefill is counted: the queue drains, and
+    TTFT is met, when prompts are admitted; their decode shows up in the generation rate once they
+    run. Independent of the current rates, so more load never lowers it.
+    """
+    work = prefill_factor / cap.prefill_tokens_per_s
     mean_prompt, mean_output = signals.mean_prompt_tokens, signals.mean_output_tokens
     if mean_prompt is not None and mean_output is not None and mean_prompt > 0 and mean_output > 0:
         work += _clip(mean_output / mean_prompt) / cap.decode_tokens_per_s
@@ -184,8 +199,10 @@ def decide(signals: Signals, state: PolicyState, config: PolicyConfig, now: floa
     waiting_tokens, estimated = _waiting_tokens(signals, config)
     prompt_tps = _clip(signals.prompt_tokens_per_s)
     generation_tps = _clip(signals.generation_tokens_per_s)
-    served = _clip(prompt_tps / cap.prefill_tokens_per_s + generation_tps / cap.decode_tokens_per_s)
-    work_per_token = _work_per_waiting_token(signals, cap)
+    prompt_length, prompt_length_estimated = _prompt_length(signals)
+    prefill_factor = _clip(cap.prefill_cost_factor(prompt_length))
+    served = _clip(prompt_tps * prefill_factor / cap.prefill_tokens_per_s + generation_tps / cap.decode_tokens_per_s)
+    work_per_token = _work_per_waiting_token(signals, cap, prefill_factor)
     growth_tps = 0.0
     past_t = now - config.rate_window_s
     past = window.value_at(state.waiting, past_t)
@@ -203,8 +220,12 @@ def decide(signals: Signals, state: PolicyState, config: PolicyConfig, now: floa
                          and all(v > 0 for _, v in recent_waiting))
 
     # 2. what a replica really delivers on this workload (learned from past snapshots only)
+    # a request's TTFT is its wait plus its own prefill: only what the prefill leaves of the SLO may be spent
+    # waiting (a long-prompt workload runs at its edge with a shorter queue than a chat one)
+    own_prefill_s = _clip((prompt_length or 0.0) * prefill_factor / cap.prefill_tokens_per_s)
+    wait_budget_s = max(config.ttft_slo_s - own_prefill_s, config.ttft_slo_s * MIN_WAIT_SHARE)
     seen, capacity_memory = efficiency.assess(state.capacity, signals, served, mean_queue, queued_throughout, now,
-                                              config.rate_window_s, config.target_utilization, config.ttft_slo_s,
+                                              config.rate_window_s, config.target_utilization, wait_budget_s,
                                               lead_s)
     level = _clip(seen.factor * nominal)
 
@@ -248,6 +269,9 @@ def decide(signals: Signals, state: PolicyState, config: PolicyConfig, now: floa
         "lead_time_s": lead_s,
         "waiting_tokens": waiting_tokens,
         "waiting_tokens_estimated": estimated,
+        "prompt_tokens_weighted_mean": _clip(prompt_length) if prompt_length is not None else 0.0,
+        "prompt_length_estimated": prompt_length_estimated,
+        "prefill_cost_factor": prefill_factor,
         "served_replicas": served,
         "backlog_growth_tokens_per_s": max(-BIG, min(growth_tps, BIG)),
         "nominal_demand_replicas": nominal,
@@ -264,6 +288,7 @@ def decide(signals: Signals, state: PolicyState, config: PolicyConfig, now: floa
         "sustained_forecast_replicas": predicted_sustained,
         "backlog_replica_s": backlog,
         "queue_wait_s": seen.queue_wait_s,
+        "wait_budget_s": wait_budget_s,
         "projected_backlog_replica_s": projected,
         "ready_replicas": float(signals.ready_replicas),
         "starting_replicas": float(signals.starting_replicas),

@@ -32,6 +32,9 @@ class Signals:
     """Mean prompt length of recent requests (histogram sum / count over the rate window)."""
     mean_output_tokens: float | None = None
     """Mean generated length of recent requests."""
+    prompt_tokens_weighted_mean: float | None = None
+    """Token-weighted mean prompt length Σn²/Σn of recent requests (``scaler.prompt_lengths``): how
+    long the prompt an average prompt token belongs to is, which sets its prefill cost."""
     waiting_tokens: float | None = None
     """Exact prompt tokens waiting, when a gateway or the simulator knows them; else estimated."""
     kv_cache_usage: float | None = None

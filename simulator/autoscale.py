@@ -89,9 +89,12 @@ def profile_keys(profile: Any, slo_ttft_s: float) -> str | dict[str, str]:
             return name
     except (ImportError, KeyError, ValueError):
         pass
-    return {"prefillTokensPerSecond": repr(float(capacity.prefill_tokens_per_s)),
+    keys = {"prefillTokensPerSecond": repr(float(capacity.prefill_tokens_per_s)),
             "decodeTokensPerSecond": repr(float(capacity.decode_tokens_per_s)),
             "maxNumSeqs": str(capacity.max_num_seqs), "kvCacheTokens": str(capacity.kv_cache_tokens)}
+    if capacity.prefill_attention_tokens is not None:
+        keys["prefillAttentionTokens"] = repr(float(capacity.prefill_attention_tokens))
+    return keys
 
 
 def demand_replicas(workload: Any, profile: Any, capacity: Any, duration_s: float) -> np.ndarray:

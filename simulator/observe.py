@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from scaler import prompt_lengths
 from scaler.signals import Signals
 
 # vLLM metric name -> ReplicaMetrics attribute(s) (first one present wins)
@@ -46,6 +47,14 @@ METRICS: dict[str, tuple[str, ...]] = {
 }
 
 
+PROMPT_BUCKET = prompt_lengths.HISTOGRAM + "_bucket"
+
+
+def bucket_series(le: float) -> str:
+    """The series name of one prompt-length bucket, as Prometheus would key it."""
+    return f'{PROMPT_BUCKET}{{le="{"+Inf" if math.isinf(le) else repr(float(le))}"}}'
+
+
 def metrics_of(snapshot: Any) -> dict[str, float]:
     """A replica's ``ReplicaMetrics`` (object or mapping) as vLLM metric name -> value."""
     get = snapshot.get if isinstance(snapshot, Mapping) else (lambda a, d=None: getattr(snapshot, a, d))
@@ -56,6 +65,8 @@ def metrics_of(snapshot: Any) -> dict[str, float]:
             if value is not None:
                 out[name] = float(value)
                 break
+    for le, count in get("request_prompt_tokens_bucket", None) or ():
+        out[bucket_series(float(le))] = float(count)
     return out
 
 
@@ -248,11 +259,24 @@ class Observer:
             starting_replicas=starting_replicas,
             mean_prompt_tokens=self._mean("vllm:request_prompt_tokens", now),
             mean_output_tokens=self._mean("vllm:request_generation_tokens", now),
+            prompt_tokens_weighted_mean=self._prompt_length(now),
             kv_cache_usage=min(float(np.mean(list(kv.values()))), 1.0) if kv else None,
             lead_time_s=lead,
             activation_value=activation,
             data_age_s=max(0.0, now - newest) if newest is not None else 0.0,
         )
+
+    def _prompt_length(self, now: float) -> float | None:
+        """``sum by (le) (rate(vllm:request_prompt_tokens_bucket[w]))`` through ``scaler.prompt_lengths``."""
+        names = {name for s in self.prometheus.series.values() if s.values for name in s.values[-1]
+                 if name.startswith(PROMPT_BUCKET)}
+        cumulative = {}
+        for name in names:
+            rates = self.prometheus.rate(name, now)
+            if rates:
+                le = name[name.index('"') + 1: name.rindex('"')]
+                cumulative[math.inf if le == "+Inf" else float(le)] = math.fsum(rates.values())
+        return prompt_lengths.token_weighted_mean(cumulative, self._mean(prompt_lengths.HISTOGRAM, now))
 
     def _mean(self, histogram: str, now: float) -> float | None:
         sums = self.prometheus.rate(histogram + "_sum", now)

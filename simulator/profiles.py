@@ -73,8 +73,10 @@ class PerformanceProfile:
                  context_tokens: int = DEFAULT_CONTEXT_TOKENS) -> ReplicaCapacity:
         """What one replica sustains within the SLO; the two rates are *time-shared* by one GPU.
 
-        - Prefill: a full-budget step ``s`` (``max_num_batched_tokens`` of a fresh prompt) gives
-          ``budget / s`` tokens/s; derated by the utilisation at which an M/D/1 queue of such steps keeps
+        - Prefill: a full-budget step's linear part ``s_lin`` gives the short-prompt rate ``budget / s_lin``
+          and its attention coefficient the length ``K`` at which a prompt token's cost doubles
+          (``ReplicaCapacity.prefill_attention_tokens``); derated by the utilisation at which an M/D/1 queue
+          of full-budget steps ``s`` (``max_num_batched_tokens`` of a fresh prompt) keeps
           the mean TTFT (``s`` + mean wait ``rho s / 2(1 - rho)``) within the SLO: ``rho = 2(SLO - s) /
           (2 SLO - s)``, clamped to [0.05, 1] (0.05 when one full step alone exceeds the SLO).
         - Decode: the largest batch ``D <= max_num_seqs`` (and within the KV cache at ``context_tokens``
@@ -134,9 +136,14 @@ def _capacity(profile: PerformanceProfile, ttft_slo_s: float, tpot_slo_s: float,
     times = np.array([st.step_time(int(d), int(d), d * context_tokens, 0.0) for d in batch])
     within = np.nonzero(times <= tpot_slo_s)[0]
     best = int(within[-1]) if within.size else 0
-    return ReplicaCapacity(prefill_tokens_per_s=float(rho * budget / s),
+    # prefill: the linear part of a full-budget step sets the short-prompt rate; causal attention
+    # (seconds = prefill_attention_s x n^2 / 2) adds n / 2K per token with K = linear seconds per token / a
+    linear = st.step_time(budget, 1, 0.0, 0.0)
+    attention = float(getattr(st, "prefill_attention_s", 0.0) or 0.0)
+    return ReplicaCapacity(prefill_tokens_per_s=float(rho * budget / linear),
                            decode_tokens_per_s=float(batch[best] / times[best]),
-                           max_num_seqs=profile.max_num_seqs, kv_cache_tokens=int(kv_tokens))
+                           max_num_seqs=profile.max_num_seqs, kv_cache_tokens=int(kv_tokens),
+                           prefill_attention_tokens=float(linear / budget / attention) if attention > 0 else None)
 
 
 def _llama3_8b(gpu: str, gib: float, seqs: int, budget: int, activation: float,

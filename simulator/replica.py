@@ -9,6 +9,8 @@ themselves (vLLM v1) live in ``scheduler``.
 
 from __future__ import annotations
 
+import itertools
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -46,6 +48,8 @@ class ReplicaMetrics:
     block_size: int
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
+    request_prompt_tokens_bucket: tuple[tuple[float, int], ...] = ()
+    """The prompt-length histogram's cumulative buckets: (le, count), ``inf`` last."""
 
 
 class Replica(SchedulerState):
@@ -111,7 +115,9 @@ class Replica(SchedulerState):
             waiting_prompt_tokens=int((log.input_tokens[w] + log.generated[w])[arrived].sum()),
             num_gpu_blocks=self.total_blocks, block_size=self.bs,
             prefix_cache_queries=self.prefix.query_tokens if self.prefix else 0,
-            prefix_cache_hits=self.prefix.hit_tokens if self.prefix else 0)
+            prefix_cache_hits=self.prefix.hit_tokens if self.prefix else 0,
+            request_prompt_tokens_bucket=tuple(zip((*self.prompt_bucket_bounds, math.inf),
+                                                   itertools.accumulate(self.prompt_bucket_counts), strict=True)))
     @property
     def idle(self) -> bool:
         return self.busy_until is None
@@ -119,12 +125,13 @@ class Replica(SchedulerState):
     def abort_all(self, now: float) -> list[int]:
         """Drop every running and waiting request (the pod is gone); returns their ids."""
         self.sync(now)
-        n, S, log = self.n, self.S, self.log
+        n, S, log = self.n, self.S, self.log  # S: the shift written out
         running = S[ID, :n]
         log.generated[running] = S[NTOK, :n] - log.input_tokens[running]
         ids = [int(i) for i in running] + list(self.waiting)
         log.status[ids] = ABORTED
         self.n = self.comp_sum = self.new_sum = self.outstanding_tokens = self.fresh = 0
+        self._reset_lefts()
         if self.prefix is not None:
             self.prefix.clear()
         self.busy_until, self.run = None, None
@@ -156,16 +163,16 @@ class Replica(SchedulerState):
         n = self.n
         if not (n and self.all_decoding and n <= self.budget):
             return None
-        S, bs, total = self.S, self.bs, self.total_blocks
+        bs, total = self.bs, self.total_blocks
         if self.waiting:
             head = self._head_tokens(self.budget - n, self.clock)
             if head is not None:
                 shared = self.prefix.shared_kv if self.prefix is not None else 0
                 want = -(-(head[0] + head[1]) // bs) - (self.prefix.peek_shared_kv if self.prefix is not None else 0)
                 if ((self.comp_sum + n) / bs + n + want <= total
-                        or want <= total + shared - int(((S[COMP, :n] + bs) // bs).sum())):
+                        or want <= total + shared - int(((self._S[COMP, :n] + (bs + self.shift)) // bs).sum())):
                     return None  # it would be admitted next step
-        k = self.run_fin = int(-S[LEFT, :n].max())  # steps until the first finish
+        k = self.run_fin = -(self._lefts[-1] + self.shift)  # steps until the first finish
         if (self.comp_sum + n * k) / bs + n > total:
             k = self._kv_run_length(k)
         return self._start_run(k) if k > 0 else None
@@ -180,9 +187,9 @@ class Replica(SchedulerState):
 
     def _kv_run_length(self, k_fin: int) -> int:
         """Steps (<= k_fin) whose blocks fit: the cache runs out at the next one (which then preempts)."""
-        S, bs, n = self.S, self.bs, self.n
+        bs, n = self.bs, self.n
         total = self.total_blocks + (self.prefix.shared_kv if self.prefix is not None else 0)
-        comp = S[COMP, :n] + (bs - 1)
+        comp = self._S[COMP, :n] + (bs - 1 + self.shift)
         lo, hi = 0, k_fin + 1  # fits(lo), not fits(hi)
         while hi - lo > 1:
             mid = (lo + hi) // 2
@@ -199,7 +206,7 @@ class Replica(SchedulerState):
             return
         if j > 0:
             self.itl.add_arithmetic(run.first_s + run.growth_s * self.run_done, run.growth_s, j, float(n))
-            self.S[NTOK:NEW, :n] += j
+            self.shift += j  # every running request: j more tokens (NTOK, COMP, LEFT)
             self.comp_sum += n * j
             self.counters["generation_tokens_total"] += n * j
             self.run_done += j

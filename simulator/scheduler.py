@@ -19,10 +19,12 @@ LoRA, multimodal, KV connectors, async scheduling's one-step lag, structured out
 
 from __future__ import annotations
 
+from bisect import bisect_left, insort
 from collections import deque
 
 import numpy as np
 
+from scaler.prompt_lengths import vllm_token_buckets
 from simulator.kv_cache import PrefixCache
 from simulator.profiles import PerformanceProfile
 from simulator.results import FINISHED, LatencyHistogram, RequestLog
@@ -39,6 +41,12 @@ class SchedulerState:
     progress), in admission order. A request holds exactly ``ceil((COMP + NEW) / block_size)`` KV blocks
     (vLLM allocates for the scheduled tokens, frees on preemption or finish), so blocks are derived, not
     stored; scalar bounds on them skip the exact count while the cache is far from full.
+
+    Speed: decode steps add one token to every running request, so ``_S`` stores the ``NTOK``, ``COMP``
+    and ``LEFT`` rows less ``shift`` (tokens added to all of them and not yet written): a step or a whole
+    decode run is ``shift += j``, not an array write. ``_lefts`` holds the stored ``LEFT`` values sorted, so
+    the steps to the next finish (``-(_lefts[-1] + shift)``) and who finishes need no array scan.
+    ``S`` (a property) writes the shift out and returns the true rows, for readers outside the hot path.
     """
 
     def __init__(self, profile: PerformanceProfile, log: RequestLog, itl: LatencyHistogram, now: float,
@@ -47,7 +55,10 @@ class SchedulerState:
         self.clock = now
         self.bs, self.total_blocks = profile.block_size, profile.num_gpu_blocks
         self.budget, self.max_seqs, self.model = profile.max_num_batched_tokens, profile.max_num_seqs, profile.step_time
-        self.S = np.zeros((5, profile.max_num_seqs), np.int64)
+        self._S = np.zeros((5, profile.max_num_seqs), np.int64)
+        self.shift = 0  # tokens added to rows NTOK, COMP, LEFT of every running column, not yet in _S
+        self._lefts: list[int] = []  # _S[LEFT, :n] (stored, i.e. less shift), sorted
+        self._adm_cached = 0  # cached (computed) tokens of the requests admitted in the step in progress
         self.n = self.comp_sum = self.new_sum = 0
         self.all_decoding = True  # every running request has its first token and one token to compute
         self.fresh = 0  # running requests still before their first token
@@ -63,14 +74,38 @@ class SchedulerState:
         self.step_s = 0.0
         self.counters = dict(prompt_tokens_total=0, generation_tokens_total=0, request_success_total=0,
                              num_preemptions_total=0, request_prompt_tokens_sum=0, request_generation_tokens_sum=0)
+        # vllm:request_prompt_tokens histogram: finished requests per bucket (le = bounds[i]; last: +Inf)
+        self.prompt_bucket_bounds = vllm_token_buckets(profile.max_model_len)
+        self.prompt_bucket_counts = [0] * (len(self.prompt_bucket_bounds) + 1)
+
+    @property
+    def S(self) -> np.ndarray:
+        """The running columns with every token written in (``shift`` applied): for tests and rare paths."""
+        self._write_shift()
+        return self._S
+
+    def _write_shift(self) -> None:
+        """Add the pending ``shift`` to the running columns (before code that reads true NTOK/COMP/LEFT)."""
+        sh = self.shift
+        if sh:
+            self._S[NTOK:NEW, : self.n] += sh
+            self._lefts = [v + sh for v in self._lefts]
+            self.shift = 0
+
+    def _reset_lefts(self) -> None:
+        """Rebuild ``_lefts`` after LEFT changed unevenly (an empty batch drops the shift)."""
+        n = self.n
+        self._lefts = sorted(self._S[LEFT, :n].tolist())
+        if not n:
+            self.shift = 0
 
     def used_blocks(self) -> int:
         """KV blocks held now (exact); a decode run has one token in flight per request."""
-        n, S, bs = self.n, self.S, self.bs
+        n, S, bs = self.n, self._S, self.bs
         shared = self.prefix.shared_kv if self.prefix is not None else 0  # prefix blocks stored once
         if self.run is not None:
-            return int(((S[COMP, :n] + bs) // bs).sum()) - shared
-        return int(((S[COMP, :n] + S[NEW, :n] + (bs - 1)) // bs).sum()) - shared
+            return int(((S[COMP, :n] + (bs + self.shift)) // bs).sum()) - shared
+        return int(((S[COMP, :n] + S[NEW, :n] + (bs - 1 + self.shift)) // bs).sum()) - shared
 
     def _used_bound(self) -> float:
         """An upper bound on ``used_blocks()`` from running sums (no array work)."""
@@ -91,8 +126,9 @@ class SchedulerState:
         if log.arrival_l[rid] > now:
             return None
         ntok = log.input_l[rid] + int(log.generated[rid])
-        if self.prefix is not None:
-            self._trim_cache()
+        if self.prefix is None:
+            return 0, (ntok if ntok < budget else budget)
+        self._trim_cache()
         cached = self._cached(rid, ntok, touch=False)
         return cached, min(ntok - cached, budget)
 
@@ -111,10 +147,11 @@ class SchedulerState:
         Fast path (the common one): every running request decodes and all fit the budget, so the
         running part needs one array write and the step inputs come from running sums.
         """
-        n, S = self.n, self.S
+        n, S = self.n, self._S
         self.run = None
         self.n_running = n  # requests before admission: only these can be decoding
         self._adm_attn = 0.0
+        self._adm_cached = 0
         preempted = False
         free: int | None = None  # exact free blocks, computed only when the bound is not enough
         self.fast = self.all_decoding and n <= self.budget
@@ -122,6 +159,7 @@ class SchedulerState:
             S[NEW, :n] = 1
             self.new_sum = n
         else:
+            self._write_shift()  # the slow path works on true rows
             need = S[NTOK, :n] - S[COMP, :n]
             cum = np.cumsum(need)
             S[NEW, :n] = np.clip(self.budget - (cum - need), 0, need)
@@ -141,7 +179,7 @@ class SchedulerState:
             return self._zero_step() if preempted else None
         n0 = self.n_running
         if self.fast:
-            decodes, context = n0, self.comp_sum - int(S[COMP, n0:n].sum()) + n0
+            decodes, context = n0, self.comp_sum - self._adm_cached + n0
         else:
             new, comp = S[NEW, :n0], S[COMP, :n0]
             decode = (new == 1) & (S[NTOK, :n0] - comp == 1)
@@ -162,33 +200,47 @@ class SchedulerState:
         return self.busy_until
 
     def _schedule_with_preemption(self) -> tuple[int, bool]:
-        """vLLM's sequential loop: allocate in order, preempting the newest running request on shortage."""
-        S, bs = self.S, self.bs
-        S[NEW, : self.n] = 0
-        self.new_sum = 0
-        budget, free, preempted, i = self.budget, self.total_blocks - self.used_blocks(), False, 0
-        while i < self.n and budget > 0:
-            comp = int(S[COMP, i])
-            nt = min(int(S[NTOK, i]) - comp, budget)
-            extra = -(-(comp + nt) // bs) - -(-comp // bs)
-            while extra > free and self.n > i:
-                free += self._preempt(self.n - 1)
-                preempted = True
-            if self.n <= i:
+        """vLLM's sequential loop: allocate in order, preempting the newest running request on shortage.
+
+        Request ``i`` (in order) gets ``min(need, budget left)`` tokens and ``extra[i]`` new blocks; it fits
+        while ``cumsum(extra)[i] <= free + freed`` (blocks freed by preempting the tail so far). So the
+        loop is vectorised: find the first request that does not fit, preempt from the tail until it does
+        (or it is preempted itself), repeat; only preemptions run one by one (prefix-cache releases).
+        """
+        self._write_shift()
+        S, bs, n = self._S, self.bs, self.n
+        S[NEW, :n] = 0
+        comp = S[COMP, :n]
+        need = S[NTOK, :n] - comp
+        cum = np.cumsum(need)
+        nt = np.clip(self.budget - (cum - need), 0, need)  # tokens each gets, in order, within the budget
+        spent = np.cumsum(-(-(comp + nt) // bs) + -comp // bs)  # new blocks of requests [0, i], in order
+        stop = min(n, int(np.searchsorted(cum, self.budget, side="left")) + 1)  # the budget ends the loop here
+        free0, freed, preempted, i = self.total_blocks - self.used_blocks(), 0, False, 0
+        while i < stop:
+            j = int(np.searchsorted(spent, free0 + freed, side="right"))  # the first that does not fit (>= i)
+            if j >= stop:
+                i = stop
                 break
-            S[NEW, i] = nt
-            free -= extra
-            budget -= nt
-            i += 1
-        self.new_sum = self.budget - budget
-        return free, preempted
+            while int(spent[j]) > free0 + freed and self.n > j:
+                freed += self._preempt(self.n - 1)
+                preempted = True
+            if self.n <= j:  # preempted itself: the loop ends before it
+                i = j
+                break
+            stop = min(stop, self.n)
+            i = j + 1
+        S[NEW, :i] = nt[:i]
+        self.new_sum = int(nt[:i].sum())
+        return free0 + freed - (int(spent[i - 1]) if i else 0), preempted
 
     def _preempt(self, j: int) -> int:
         """Preempt running slot ``j`` (the tail): recompute later; returns the blocks freed."""
-        S, log = self.S, self.log
+        S, log, sh = self._S, self.log, self.shift
         rid = int(S[ID, j])
-        comp = int(S[COMP, j])
-        log.generated[rid] = S[NTOK, j] - log.input_tokens[rid]
+        comp = int(S[COMP, j]) + sh
+        log.generated[rid] = int(S[NTOK, j]) + sh - log.input_l[rid]
+        self._lefts.remove(int(S[LEFT, j]))
         log.preemptions[rid] += 1
         if log.first_token_s[rid] != log.first_token_s[rid]:  # NaN: preempted before its first token
             self.fresh -= 1
@@ -201,7 +253,7 @@ class SchedulerState:
 
     def _admit(self, budget: int, free: int | None) -> None:
         """Admit waiting requests FCFS while seats, budget and blocks last (each one a prefill)."""
-        log, S, bs, now = self.log, self.S, self.bs, self.clock
+        log, S, bs, now, sh = self.log, self._S, self.bs, self.clock, self.shift
         bound = self._used_bound()
         while True:
             head = self._head_tokens(budget, now)
@@ -217,13 +269,15 @@ class SchedulerState:
                 free -= want
             bound += want
             rid = self.waiting.popleft()
-            ntok = int(log.input_tokens[rid] + log.generated[rid])
+            ntok = log.input_l[rid] + int(log.generated[rid])
             if self.prefix is not None:
                 self._cached(rid, ntok, touch=True)
-            j = self.n
-            S[:, j] = (rid, ntok, cached, ntok - log.input_tokens[rid] - log.output_tokens[rid], nt)
+            left = ntok - log.tokens_l[rid] - sh
+            S[:, self.n] = (rid, ntok - sh, cached - sh, left, nt)  # stored less the shift
+            insort(self._lefts, left)
             self.n += 1
             self.comp_sum += cached
+            self._adm_cached += cached
             self.new_sum += nt
             self._adm_attn += nt * (cached + nt / 2.0)
             budget -= nt
@@ -234,21 +288,23 @@ class SchedulerState:
 
     def _complete_step(self) -> None:
         """Apply the general step just scheduled: computed tokens, samples, first tokens, finishes."""
-        n, S, n0 = self.n, self.S, self.n_running
+        n, S, n0 = self.n, self._S, self.n_running
         end = self.clock + self.step_s
-        if self.fast:  # running part: one decode token each; admitted ones one by one
-            S[NTOK:NEW, :n0] += 1
+        if self.fast:  # running part: one decode token each (the shift); admitted ones one by one
+            self.shift += 1
             decodes = n0
             first = []
             prefilled = True
-            for j in range(n0, n):
+            for j in range(n0, n):  # stored less the old shift; rewritten less the new one (one more)
                 rid, ntok, comp, left, new = S[:, j].tolist()
                 if comp + new == ntok:  # prefill done: first token (or first after a recompute)
-                    S[:, j] = (rid, ntok + 1, ntok, left + 1, 0)
+                    S[:, j] = (rid, ntok, ntok - 1, left, 0)  # true: ntok + 1, ntok, left + 1
                     first.append(rid)
                 else:
-                    S[COMP, j] = comp + new
+                    S[:, j] = (rid, ntok - 1, comp + new - 1, left - 1, new)  # true: ntok, comp + new, left
                     prefilled = False
+            if not prefilled:
+                self._reset_lefts()
             count = n0 + len(first)
         else:
             new = S[NEW, :n]
@@ -258,6 +314,7 @@ class SchedulerState:
             sampled = (new > 0) & (S[COMP, :n] == S[NTOK, :n])
             S[NTOK, :n] += sampled
             S[LEFT, :n] += sampled
+            self._reset_lefts()
             ids = S[ID, :n][sampled]
             is_first = np.isnan(self.log.first_token_s[ids])  # a prefill's last chunk may be 1 token
             count, decodes = int(ids.size), int((was_decode[sampled] & ~is_first).sum())
@@ -290,31 +347,51 @@ class SchedulerState:
 
     def _finish_done(self, end: float) -> None:
         """Retire the running requests that reached their output length at ``end``; compact the columns."""
-        n, S = self.n, self.S
-        done = S[LEFT, :n] == 0
-        if not done.any():
+        n, S, sh, lefts = self.n, self._S, self.shift, self._lefts
+        if not lefts or lefts[-1] + sh < 0:  # nobody at its output length (true LEFT is <= 0)
             return
-        idx = done.nonzero()[0].tolist()
+        k = 1
+        while k < len(lefts) and lefts[-1 - k] + sh == 0:
+            k += 1
+        del lefts[-k:]
+        if k == 1:
+            idx = [int(S[LEFT, :n].argmax())]  # the one at 0, the maximum
+        else:
+            done = S[LEFT, :n] == -sh
+            idx = done.nonzero()[0].tolist()
         log, c = self.log, self.counters
+        if k == 1:  # the common case: scalar writes
+            i = idx[0]
+            rids = [int(S[ID, i])]
+            self.comp_sum -= int(S[COMP, i]) + sh
+            log.finish_s[rids[0]] = end
+            log.status[rids[0]] = FINISHED
+            log.generated[rids[0]] = log.tokens_l[rids[0]] - log.input_l[rids[0]]
+        else:
+            rids = S[ID, idx].tolist()
+            self.comp_sum -= int(S[COMP, idx].sum()) + sh * k
+            log.finish_s[rids] = end
+            log.status[rids] = FINISHED
+            log.generated[rids] = log.output_tokens[rids]
         prompt = output = 0
-        for i in idx:
-            rid = int(S[ID, i])
-            log.finish_s[rid] = end
-            log.status[rid] = FINISHED
-            out = log.tokens_l[rid] - log.input_l[rid]
-            log.generated[rid] = out
+        for rid in rids:
             prompt += log.input_l[rid]
-            output += out
-            self.comp_sum -= int(S[COMP, i])
+            output += log.tokens_l[rid] - log.input_l[rid]
+            self.prompt_bucket_counts[bisect_left(self.prompt_bucket_bounds, log.input_l[rid])] += 1
             if self.prefix is not None:
                 self.prefix.release(rid)
-        c["request_success_total"] += len(idx)
+        c["request_success_total"] += k
         c["request_prompt_tokens_sum"] += prompt
         c["request_generation_tokens_sum"] += output
         self.outstanding_tokens -= prompt + output
-        if len(idx) == 1:
-            i = idx[0]
-            S[:, i: n - 1] = S[:, i + 1: n]
+        if k <= 4:  # close the gaps from the back: a few slice copies beat a boolean gather
+            m = n
+            for i in reversed(idx):
+                if i < m - 1:
+                    S[:, i: m - 1] = S[:, i + 1: m]
+                m -= 1
         else:
-            S[:, : n - len(idx)] = S[:, :n][:, ~done]
-        self.n = n - len(idx)
+            S[:, : n - k] = S[:, :n][:, ~done]
+        self.n = n - k
+        if not lefts:
+            self.shift = 0

@@ -199,8 +199,14 @@ def test_burst_scales_on_waiting_tokens_and_back(vllm_server: VllmServer, tmp_pa
         f"frontend instead: the machine starved it); Prometheus saw {scrapes}; replay: {summary}")
     assert rise is not None, f"desired never rose above 1; {context}; Prometheus saw {scrapes}; replay: {summary}"
     terms = rise["terms"]
-    assert terms["waiting_tokens"] > 0 and terms["needed_for_backlog"] > 1, rise  # the backlog asked for it
-    assert terms["needed_for_backlog"] >= terms["needed_for_utilization"], rise
+    # the queue asked for it: either the backlog itself, or (when the scaler's evaluations happened to fall
+    # between the pulses' queues, as on a starved CI machine) the capacity it learned from that queue
+    # (scaler.efficiency: a replica queued all window long delivers less than its nominal capacity)
+    backlog_asked = terms["waiting_tokens"] > 0 and terms["needed_for_backlog"] > 1
+    learned_from_queue = terms["capacity_factor"] > 1 and terms["demand_replicas"] > terms["served_replicas"]
+    assert backlog_asked or learned_from_queue, rise
+    if backlog_asked:
+        assert terms["needed_for_backlog"] >= terms["needed_for_utilization"], rise
     # throughput alone (what the replica served) never asked for a second replica
     served = [d["terms"].get("served_replicas", 0.0) for d in decisions] + [
         x["terms"].get("served_replicas", 0.0) for x in samples]

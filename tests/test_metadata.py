@@ -67,6 +67,11 @@ BAD_CASES: list[tuple[str, dict[str, str | None], str, str | None]] = [
                                            "kvCacheTokens")} | {"profile": "nope-gpu"}, "profile", "nope-gpu"),
     ("profile-path", {k: None for k in ("prefillTokensPerSecond", "decodeTokensPerSecond", "maxNumSeqs",
                                         "kvCacheTokens")} | {"profile": "/etc/passwd"}, "profile", "/etc/passwd"),
+    ("attention-zero", {"prefillAttentionTokens": "0"}, "prefillAttentionTokens", "0"),
+    ("attention-with-profile", {k: None for k in ("prefillTokensPerSecond", "decodeTokensPerSecond", "maxNumSeqs",
+                                                  "kvCacheTokens")} | {"profile": "h100-llama3-8b",
+                                                                       "prefillAttentionTokens": "20000"},
+     "prefillAttentionTokens", "20000"),
     ("trend-confidence-one", {"trendConfidence": "1"}, "trendConfidence", "1"),
     ("backlog-drain-zero", {"backlogDrainSeconds": "0"}, "backlogDrainSeconds", "0"),
 ]
@@ -94,6 +99,16 @@ def test_defaults_follow_the_issue() -> None:
     assert (config.min_replicas, config.max_replicas, config.lead_time_auto) == (None, None, False)
     policy = config.policy_config()
     assert (policy.min_replicas, policy.max_replicas, policy.rate_window_s) == (0, 1000, 60.0)
+
+
+def test_prefill_attention_tokens_reach_the_capacity() -> None:
+    assert parse_metadata(GOOD).capacity.prefill_attention_tokens is None  # optional: linear prefill cost
+    config = parse_metadata(with_changes({"prefillAttentionTokens": "20000"}))
+    assert config.capacity.prefill_attention_tokens == 20000.0
+    assert config.capacity.prefill_cost_factor(40000.0) == pytest.approx(2.0)
+    explicit = ("prefillTokensPerSecond", "decodeTokensPerSecond", "maxNumSeqs", "kvCacheTokens")
+    profiled = parse_metadata(with_changes(dict.fromkeys(explicit) | {"profile": "h100-llama3-8b"}))
+    assert profiled.capacity.prefill_attention_tokens is not None  # the profile carries its own
 
 
 def test_all_problems_are_reported_together() -> None:

@@ -99,7 +99,11 @@ def test_builtin_constants_match_the_shared_data() -> None:
     require((PROFILES_DATA / "vidur").is_dir() and (PROFILES_DATA / "splitwise").is_dir(), "shared/profiles data")
     from simulator.profile_fit import derive_all
 
+    # compare what the models predict, not their coefficients: overhead and intercept are collinear above
+    # the floor, so solvers on different numpy/scipy builds split the same fit differently (we saw 0.5 % apart)
+    steps = [(tokens, seqs, context, attention) for tokens in (1, 16, 256, 2048, 8192) for seqs in (1, 64)
+             for context in (0.0, 1e5) for attention in (0.0, tokens * tokens / 2.0)]
     for name, fitted in derive_all(PROFILES_DATA).items():
-        builtin = get_profile(name).step_time.to_dict()
-        for key, value in fitted.to_dict().items():
-            assert builtin[key] == pytest.approx(value, rel=2e-3, abs=1e-7), (name, key)
+        builtin = get_profile(name).step_time
+        for step in steps:
+            assert builtin.step_time(*step) == pytest.approx(fitted.step_time(*step), rel=1e-2), (name, step)

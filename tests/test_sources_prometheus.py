@@ -153,6 +153,8 @@ def test_signals_follow_the_exporters_in_one_batch(fleet: dict[str, Any]) -> Non
         assert sx.kv_cache_usage == pytest.approx(0.3)  # mean over replicas, not over engine series
         assert sx.mean_prompt_tokens is not None and 100 < sx.mean_prompt_tokens < 200
         assert sy.mean_prompt_tokens == pytest.approx(50) and sy.mean_output_tokens == pytest.approx(5)
+        # sum by (le) of the prompt-length buckets: every prompt in (20, 50], read as uniform
+        assert sy.prompt_tokens_weighted_mean == pytest.approx((20**2 + 20 * 50 + 50**2) / 3 / 35)
         assert sx.waiting_tokens is None  # vLLM exports none; the policy estimates it
         assert 0 <= sx.data_age_s < 3.0
 

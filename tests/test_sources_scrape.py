@@ -160,6 +160,9 @@ def test_rates_come_from_successive_scrapes(pods: tuple[VllmExporter, VllmExport
     assert second.generation_tokens_per_s == pytest.approx((10 * 100 + 5 * 50) / 10)
     assert second.mean_prompt_tokens == pytest.approx(6000 / 15)
     assert second.mean_output_tokens == pytest.approx(1250 / 15)
+    # the prompt-length histogram's buckets, (200, 500] and (100, 200], read as uniform (scaler.prompt_lengths)
+    squares = 10 * (200**2 + 200 * 500 + 500**2) / 3 + 5 * (100**2 + 100 * 200 + 200**2) / 3
+    assert second.prompt_tokens_weighted_mean == pytest.approx(squares / (10 * 350 + 5 * 150))
     assert (second.requests_waiting, second.requests_running, second.ready_replicas) == (5, 10, 2)
     assert second.kv_cache_usage == pytest.approx(0.3)
     assert second.waiting_tokens is None

@@ -34,6 +34,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from scaler import prompt_lengths
 from scaler.signals import Signals
 from scaler.sources.base import SourceError, Target
 
@@ -48,6 +49,9 @@ COUNTERS = {
 CREATED = {"vllm:prompt_tokens_created", "vllm:generation_tokens_created"}
 GAUGES = {"vllm:num_requests_waiting": "waiting", "vllm:num_requests_running": "running",
           "vllm:kv_cache_usage_perc": "kv"}
+PROMPT_BUCKET = prompt_lengths.HISTOGRAM + "_bucket"
+BUCKET_KEY = "prompt_le="
+"""Counter key prefix of the prompt-length histogram's cumulative buckets (``prompt_le=<le>``)."""
 LOG = logging.getLogger("leadscale.sources.scrape")
 HISTORY = 256  # scrapes kept per URL; enough for a 60 s window at one fetch per 0.25 s
 
@@ -71,13 +75,17 @@ def parse_metrics(text: str) -> dict[str, ModelSample]:
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
                 name, model = sample.name, sample.labels.get("model_name")
-                if model is None or not (name in COUNTERS or name in GAUGES or name in CREATED):
+                bucket = name == PROMPT_BUCKET and "le" in sample.labels
+                if model is None or not (name in COUNTERS or name in GAUGES or name in CREATED or bucket):
                     continue
                 value = float(sample.value)
                 if not math.isfinite(value) or value < 0:
                     raise SourceError(f"{name}{{model_name={model!r}}}={value!r}: want a finite number >= 0")
                 entry = models[model]
-                if name in COUNTERS:
+                if bucket:
+                    key = BUCKET_KEY + repr(float(sample.labels["le"]))  # "+Inf" -> inf
+                    entry.counters[key] = entry.counters.get(key, 0.0) + value
+                elif name in COUNTERS:
                     entry.counters[COUNTERS[name]] += value
                 elif name in GAUGES:
                     entry.gauges[GAUGES[name]] += value
@@ -95,9 +103,10 @@ def increase(history: Sequence[tuple[float, ModelSample]], key: str) -> float:
     """Counter growth across consecutive scrapes; a drop or a new ``_created`` time is a restart."""
     total = 0.0
     for (_, before), (_, after) in itertools.pairwise(history):
-        delta = after.counters[key] - before.counters[key]
+        now_value = after.counters.get(key, 0.0)
+        delta = now_value - before.counters.get(key, 0.0)
         restarted = delta < 0 or after.created > before.created > 0
-        total += after.counters[key] if restarted else delta
+        total += now_value if restarted else delta
     return total
 
 
@@ -195,7 +204,8 @@ class ScrapeSource:
             if len(window) < 2 or window[-1][0] <= window[0][0]:
                 continue
             measured += 1
-            for key in COUNTERS.values():
+            buckets = [k for k in window[-1][1].counters if k.startswith(BUCKET_KEY)]
+            for key in (*COUNTERS.values(), *buckets):
                 rates[key] += increase(window, key) / (window[-1][0] - window[0][0])
         if not measured:
             raise SourceError(f"warming up: model_name={target.model!r} needs two scrapes of one pod")
@@ -211,6 +221,9 @@ class ScrapeSource:
             starting_replicas=len(starting),
             mean_prompt_tokens=rates["prompt_sum"] / rates["prompt_count"] if rates["prompt_count"] > 0 else None,
             mean_output_tokens=rates["output_sum"] / rates["output_count"] if rates["output_count"] > 0 else None,
+            prompt_tokens_weighted_mean=prompt_lengths.token_weighted_mean(
+                {float(k[len(BUCKET_KEY):]): v for k, v in rates.items() if k.startswith(BUCKET_KEY)},
+                rates["prompt_sum"] / rates["prompt_count"] if rates["prompt_count"] > 0 else None),
             kv_cache_usage=min(1.0, math.fsum(kv) / len(kv)) if kv else None,
             data_age_s=max(0.0, now - min(pod.history[-1][0] for pod in ready)),
         )

@@ -23,6 +23,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from scaler.prompt_lengths import vllm_token_buckets
+
 LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
                    480.0, 960.0, 1920.0, 7680.0)
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
@@ -32,16 +34,8 @@ ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.
 
 
 def token_buckets(max_model_len: int) -> tuple[float, ...]:
-    """vLLM's ``build_1_2_5_buckets``: 1, 2, 5, 10, 20, 50, ... up to ``max_model_len``."""
-    out: list[float] = []
-    exponent = 0
-    while True:
-        for mantissa in (1, 2, 5):
-            value = mantissa * 10**exponent
-            if value > max_model_len:
-                return tuple(out)
-            out.append(float(value))
-        exponent += 1
+    """vLLM's ``build_1_2_5_buckets``: the scaler's own copy (``tests/test_prompt_lengths.py`` pins it)."""
+    return vllm_token_buckets(max_model_len)
 
 
 class _Metrics:

@@ -1,0 +1,139 @@
+"""Long prompts cost more per token: the prompt-length histogram, the capacity's attention term, the policy."""
+
+from __future__ import annotations
+
+import bisect
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from scaler.capacity import ReplicaCapacity
+from scaler.policy import PolicyConfig, PolicyState, decide
+from scaler.prompt_lengths import token_weighted_mean, vllm_token_buckets
+from scaler.signals import Signals
+from simulator.observe import ObserveConfig, Observer
+from simulator.profiles import get_profile
+
+
+def cumulative_rates(lengths: list[int], bounds: tuple[float, ...], seconds: float = 1.0) -> dict[float, float]:
+    """What ``rate(vllm:request_prompt_tokens_bucket[w])`` returns for these finished requests."""
+    counts = [0] * (len(bounds) + 1)
+    for n in lengths:
+        counts[bisect.bisect_left(bounds, n)] += 1
+    running = np.cumsum(counts) / seconds
+    return dict(zip((*bounds, math.inf), running.tolist(), strict=True))
+
+
+def test_buckets_are_vllms_1_2_5_series() -> None:
+    assert vllm_token_buckets(4096) == (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000)
+    assert vllm_token_buckets(5000)[-1] == 5000 and vllm_token_buckets(131072)[-1] == 100000
+
+
+def test_one_bucket_is_read_as_uniform_inside_it() -> None:
+    # 10 requests in (200, 500]: mean 350, mean square (200² + 200·500 + 500²) / 3
+    estimate = token_weighted_mean(cumulative_rates([300] * 10, vllm_token_buckets(4096)))
+    assert estimate == pytest.approx((200**2 + 200 * 500 + 500**2) / 3 / 350)
+
+
+def test_the_overflow_bucket_takes_the_mean_the_sum_leaves() -> None:
+    bounds = vllm_token_buckets(4096)
+    rates = cumulative_rates([100, 3000, 3000, 6000], bounds)  # three requests above the last bound (2000)
+    assert rates[2000.0] == 1 and rates[math.inf] == 4
+    estimate = token_weighted_mean(rates, mean_length=(100 + 3000 + 3000 + 6000) / 4)
+    # (50, 100] is read as uniform (mean 75), and the overflow's three requests sit at the mean the sum leaves
+    m = (12100 - 75) / 3
+    assert estimate == pytest.approx((3 * m * m + (50**2 + 50 * 100 + 100**2) / 3) / (3 * m + 75))
+    without = token_weighted_mean(rates)  # no mean known: the overflow sits at the last bound, a lower bound
+    assert without == pytest.approx((3 * 2000**2 + (50**2 + 50 * 100 + 100**2) / 3) / (3 * 2000 + 75))
+    assert without < estimate
+
+
+@pytest.mark.parametrize("rates", [{}, {1.0: 0.0, math.inf: 0.0}, {1.0: 2.0, 10.0: 1.0, math.inf: 2.0},
+                                   {1.0: float("nan"), math.inf: 1.0}, {10.0: -1.0, math.inf: 1.0}],
+                         ids=["empty", "no-requests", "decreasing", "nan", "negative"])
+def test_malformed_or_empty_histograms_give_no_estimate(rates: dict[float, float]) -> None:
+    assert token_weighted_mean(rates) is None
+
+
+@given(st.lists(st.integers(1, 131072), min_size=1, max_size=200))
+def test_estimate_is_finite_and_within_the_bucket_resolution(lengths: list[int]) -> None:
+    n = np.asarray(lengths, dtype=float)
+    truth = float((n * n).sum() / n.sum())
+    estimate = token_weighted_mean(cumulative_rates(lengths, vllm_token_buckets(131072)), float(n.mean()))
+    assert estimate is not None and math.isfinite(estimate)
+    assert truth / 3 <= estimate <= truth * 3  # 1-2-5 buckets are at most 2.5 wide
+
+
+def test_capacity_cost_factor_and_its_validation() -> None:
+    cap = ReplicaCapacity(10_000.0, 5_000.0, 256, 100_000, prefill_attention_tokens=20_000.0)
+    assert cap.prefill_cost_factor(None) == 1.0
+    assert cap.prefill_cost_factor(40_000.0) == pytest.approx(2.0)
+    assert ReplicaCapacity(10_000.0, 5_000.0, 256, 100_000).prefill_cost_factor(40_000.0) == 1.0
+    with pytest.raises(ValueError, match=r"prefill_attention_tokens=-1\.0"):
+        ReplicaCapacity(10_000.0, 5_000.0, 256, 100_000, prefill_attention_tokens=-1.0)
+
+
+@pytest.mark.parametrize("n", [512, 8192, 32768])
+def test_profile_capacity_prices_a_prompt_like_its_step_time_model(n: int) -> None:
+    """n (1 + n / 2K) / P equals the step model's linear plus attention seconds, derated like P."""
+    profile = get_profile("h100-llama3-8b")
+    cap = profile.capacity(2.0)
+    st_ = profile.step_time
+    budget = profile.max_num_batched_tokens
+    rho = cap.prefill_tokens_per_s * st_.step_time(budget, 1, 0.0, 0.0) / budget
+    model_s = (st_.step_time(budget, 1, 0.0, 0.0) / budget * n + st_.prefill_attention_s * n * n / 2) / rho
+    assert n * cap.prefill_cost_factor(n) / cap.prefill_tokens_per_s == pytest.approx(model_s, rel=1e-9)
+
+
+def _signals(prompt_tps: float, weighted: float | None, mean: float | None = 1000.0) -> Signals:
+    return Signals(at=0.0, prompt_tokens_per_s=prompt_tps, generation_tokens_per_s=0.0, requests_waiting=0.0,
+                   requests_running=10.0, ready_replicas=4, mean_prompt_tokens=mean,
+                   prompt_tokens_weighted_mean=weighted, kv_cache_usage=0.1)
+
+
+def test_the_same_token_rate_in_longer_prompts_needs_more_replicas() -> None:
+    cap = ReplicaCapacity(10_000.0, 5_000.0, 256, 10_000_000, prefill_attention_tokens=20_000.0)
+    config = PolicyConfig(capacity=cap, lead_time_s=0.0, scale_down_delay_s=0.0)
+    short = decide(_signals(20_000.0, 1_000.0), PolicyState(), config, 0.0)
+    long = decide(_signals(20_000.0, 40_000.0), PolicyState(), config, 0.0)
+    assert short.terms["prefill_cost_factor"] == pytest.approx(1.025)
+    assert long.terms["prefill_cost_factor"] == pytest.approx(2.0)
+    assert long.terms["served_replicas"] == pytest.approx(4.0) and short.terms["served_replicas"] < 2.1
+    assert long.desired_replicas > short.desired_replicas
+    # a prompt's own prefill eats into the TTFT SLO: less is left for waiting
+    assert long.terms["wait_budget_s"] < short.terms["wait_budget_s"] <= config.ttft_slo_s
+
+
+def test_without_the_histogram_the_request_mean_stands_in_and_says_so() -> None:
+    cap = ReplicaCapacity(10_000.0, 5_000.0, 256, 10_000_000, prefill_attention_tokens=20_000.0)
+    config = PolicyConfig(capacity=cap)
+    d = decide(_signals(20_000.0, None, mean=4_000.0), PolicyState(), config, 0.0)
+    assert d.terms["prompt_length_estimated"] == 1.0 and d.terms["prompt_tokens_weighted_mean"] == 4_000.0
+    assert d.terms["prefill_cost_factor"] == pytest.approx(1.1)
+    none = decide(_signals(20_000.0, None, mean=None), PolicyState(), config, 0.0)
+    assert none.terms["prefill_cost_factor"] == 1.0 and none.terms["prompt_length_estimated"] == 0.0
+
+
+def test_the_simulated_prometheus_reports_the_workloads_prompt_lengths() -> None:
+    """Replicas' histograms, scraped and rated like Prometheus, give the live source's estimate."""
+    bounds = vllm_token_buckets(131072)
+    rng = np.random.default_rng(7)
+    lengths = rng.lognormal(math.log(2000), 1.0, size=600).astype(int) + 1
+    obs = Observer(ObserveConfig(scrape_interval_s=15, rate_window_s=60))
+    for t in range(0, 121):
+        done = lengths[: t * 5]  # five requests finish per second
+        counts = np.cumsum(np.bincount([bisect.bisect_left(bounds, int(n)) for n in done],
+                                       minlength=len(bounds) + 1))
+        obs.scrape(float(t), {0: {
+            "prompt_tokens_total": float(done.sum()), "generation_tokens_total": 10.0 * t,
+            "num_requests_waiting": 0, "num_requests_running": 1, "kv_cache_usage_perc": 0.1,
+            "request_prompt_tokens_sum": float(done.sum()), "request_prompt_tokens_count": float(done.size),
+            "request_prompt_tokens_bucket": tuple(zip((*bounds, math.inf), counts.tolist(), strict=True)),
+        }})
+    s = obs.signals(120.0, ready_replicas=1, starting_replicas=0)
+    assert s is not None and s.prompt_tokens_weighted_mean is not None
+    recent = lengths[60 * 5: 120 * 5].astype(float)
+    assert s.prompt_tokens_weighted_mean == pytest.approx((recent**2).sum() / recent.sum(), rel=0.35)
