@@ -49,7 +49,7 @@ class ReplicaCapacity:
         """Prefill replica-seconds per prompt token, relative to ``1 / prefill_tokens_per_s``.
 
         Summed over requests, ``Σ n (1 + n / 2K) = Σn (1 + L / 2K)`` with ``L = Σn² / Σn`` the
-        token-weighted mean prompt length (``scaler.prompt_lengths``). 1 without K or without L.
+        token-weighted mean prompt length (``scaler.histograms``). 1 without K or without L.
         """
         k, length = self.prefill_attention_tokens, token_weighted_prompt_tokens
         if k is None or length is None or not (math.isfinite(length) and length > 0):

@@ -41,6 +41,13 @@ MIN_EFFICIENCY, MAX_EFFICIENCY = 0.05, 2.0
 TAIL_FACTOR = 3.0
 """p95 / mean of an exponential waiting time (ln 20): a mean wait above budget / 3 breaks a p95 SLO."""
 
+TAIL_DECREASE = 0.1
+"""Share of the efficiency given up per rate window while the measured TTFT tail breaks the SLO at a
+load the estimate already allows (the multiplicative decrease)."""
+
+TAIL_SHARE = 0.05
+"""Share of first tokens allowed after the TTFT SLO: the SLO is a p95."""
+
 KV_FULL = 0.95
 """KV usage at which vLLM starts to preempt: with requests waiting, the fleet is at its edge."""
 
@@ -79,8 +86,12 @@ class Assessment:
 
 def assess(memory: CapacityMemory, signals: Signals, served: float, mean_queue_replica_s: float,
            queued_throughout: bool, now: float, rate_window_s: float, target_utilization: float,
-           ttft_s: float, lead_s: float) -> tuple[Assessment, CapacityMemory]:
+           ttft_s: float, lead_s: float, late_share: float | None = None) -> tuple[Assessment, CapacityMemory]:
     """Factors from past observations, and the memory updated with this snapshot's.
+
+    ``late_share`` is the measured share of first tokens later than the SLO over the rate window (vLLM's
+    TTFT histogram); when known it decides the edge (above ``TAIL_SHARE``) and the calm (at most half
+    of it), instead of the queue-wait estimate (``ttft_s`` is then unused).
 
     ``mean_queue_replica_s`` is the mean waiting work over the rate window, in replica-seconds;
     ``queued_throughout`` says requests waited all window long, so its rates measure capacity.
@@ -100,12 +111,20 @@ def assess(memory: CapacityMemory, signals: Signals, served: float, mean_queue_r
     steady = (now - ready_samples[0][0] >= rate_window_s and all(v == ready for _, v in ready_samples))
     observable = served >= MIN_SERVED and ready > 0 and steady
     per_replica = served / ready if ready > 0 else 0.0
-    saturated = observable and (queue_wait_s > ttft_s / TAIL_FACTOR or kv_full)
-    calm = observable and not saturated and queue_wait_s <= ttft_s / TAIL_FACTOR / 2
+    if late_share is not None:
+        saturated = observable and late_share > TAIL_SHARE
+        calm = observable and not saturated and late_share <= TAIL_SHARE / 2
+    else:
+        saturated = observable and (queue_wait_s > ttft_s / TAIL_FACTOR or kv_full)
+        calm = observable and not saturated and queue_wait_s <= ttft_s / TAIL_FACTOR / 2
     dt = max(0.0, now - memory.updated_at) if memory.updated_at is not None else 0.0
     learned = efficiency
     if saturated and queued_throughout:
         learned = min(efficiency, per_replica)
+    elif saturated and late_share is not None and per_replica >= efficiency:
+        # a replica serves at least what the estimate allows and the measured tail is late, without a
+        # queue all window long to measure capacity by: decrease multiplicatively until the tail holds
+        learned *= 1.0 - TAIL_DECREASE * min(dt, rate_window_s) / rate_window_s
     elif calm and per_replica >= LOADED * target_utilization * efficiency:
         probe_per_s = PROBE_SHARE * (1.0 / target_utilization - 1.0) / max(lead_s, rate_window_s)
         learned = efficiency + probe_per_s * min(dt, rate_window_s)

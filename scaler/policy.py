@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from scaler import efficiency, forecast, window
+from scaler import efficiency, forecast, histograms, window
 from scaler.capacity import ReplicaCapacity
 from scaler.signals import Signals
 
@@ -224,9 +224,11 @@ def decide(signals: Signals, state: PolicyState, config: PolicyConfig, now: floa
     # waiting (a long-prompt workload runs at its edge with a shorter queue than a chat one)
     own_prefill_s = _clip((prompt_length or 0.0) * prefill_factor / cap.prefill_tokens_per_s)
     wait_budget_s = max(config.ttft_slo_s - own_prefill_s, config.ttft_slo_s * MIN_WAIT_SHARE)
+    late_share = (histograms.share_above(dict(signals.ttft_buckets), config.ttft_slo_s)
+                  if signals.ttft_buckets else None)
     seen, capacity_memory = efficiency.assess(state.capacity, signals, served, mean_queue, queued_throughout, now,
                                               config.rate_window_s, config.target_utilization, wait_budget_s,
-                                              lead_s)
+                                              lead_s, late_share)
     level = _clip(seen.factor * nominal)
 
     # 3. forecast over the lead time from the confident part of the trend (of nominal demand)
@@ -289,6 +291,8 @@ def decide(signals: Signals, state: PolicyState, config: PolicyConfig, now: floa
         "backlog_replica_s": backlog,
         "queue_wait_s": seen.queue_wait_s,
         "wait_budget_s": wait_budget_s,
+        "ttft_late_share": late_share if late_share is not None else 0.0,
+        "ttft_measured": 1.0 if late_share is not None else 0.0,
         "projected_backlog_replica_s": projected,
         "ready_replicas": float(signals.ready_replicas),
         "starting_replicas": float(signals.starting_replicas),

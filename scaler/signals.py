@@ -33,8 +33,11 @@ class Signals:
     mean_output_tokens: float | None = None
     """Mean generated length of recent requests."""
     prompt_tokens_weighted_mean: float | None = None
-    """Token-weighted mean prompt length Σn²/Σn of recent requests (``scaler.prompt_lengths``): how
+    """Token-weighted mean prompt length Σn²/Σn of recent requests (``scaler.histograms``): how
     long the prompt an average prompt token belongs to is, which sets its prefill cost."""
+    ttft_buckets: tuple[tuple[float, float], ...] | None = None
+    """rate() of vllm:time_to_first_token_seconds buckets summed over replicas: ((le, per s), ...),
+    cumulative, ``inf`` last; the policy reads the share of first tokens later than its SLO."""
     waiting_tokens: float | None = None
     """Exact prompt tokens waiting, when a gateway or the simulator knows them; else estimated."""
     kv_cache_usage: float | None = None

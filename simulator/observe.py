@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from scaler import prompt_lengths
+from scaler import histograms
 from scaler.signals import Signals
 
 # vLLM metric name -> ReplicaMetrics attribute(s) (first one present wins)
@@ -47,12 +47,14 @@ METRICS: dict[str, tuple[str, ...]] = {
 }
 
 
-PROMPT_BUCKET = prompt_lengths.HISTOGRAM + "_bucket"
+# ReplicaMetrics attribute -> the vLLM histogram whose cumulative buckets it holds
+BUCKETED = {"request_prompt_tokens_bucket": histograms.PROMPT_HISTOGRAM,
+            "time_to_first_token_seconds_bucket": histograms.TTFT_HISTOGRAM}
 
 
-def bucket_series(le: float) -> str:
-    """The series name of one prompt-length bucket, as Prometheus would key it."""
-    return f'{PROMPT_BUCKET}{{le="{"+Inf" if math.isinf(le) else repr(float(le))}"}}'
+def bucket_series(histogram: str, le: float) -> str:
+    """The series name of one histogram bucket, as Prometheus would key it."""
+    return f'{histogram}_bucket{{le="{"+Inf" if math.isinf(le) else repr(float(le))}"}}'
 
 
 def metrics_of(snapshot: Any) -> dict[str, float]:
@@ -65,8 +67,9 @@ def metrics_of(snapshot: Any) -> dict[str, float]:
             if value is not None:
                 out[name] = float(value)
                 break
-    for le, count in get("request_prompt_tokens_bucket", None) or ():
-        out[bucket_series(float(le))] = float(count)
+    for attr, histogram in BUCKETED.items():
+        for le, count in get(attr, None) or ():
+            out[bucket_series(histogram, float(le))] = float(count)
     return out
 
 
@@ -259,24 +262,28 @@ class Observer:
             starting_replicas=starting_replicas,
             mean_prompt_tokens=self._mean("vllm:request_prompt_tokens", now),
             mean_output_tokens=self._mean("vllm:request_generation_tokens", now),
-            prompt_tokens_weighted_mean=self._prompt_length(now),
+            prompt_tokens_weighted_mean=histograms.token_weighted_mean(
+                self._bucket_rates(histograms.PROMPT_HISTOGRAM, now),
+                self._mean(histograms.PROMPT_HISTOGRAM, now)),
+            ttft_buckets=tuple(sorted(self._bucket_rates(histograms.TTFT_HISTOGRAM, now).items())) or None,
             kv_cache_usage=min(float(np.mean(list(kv.values()))), 1.0) if kv else None,
             lead_time_s=lead,
             activation_value=activation,
             data_age_s=max(0.0, now - newest) if newest is not None else 0.0,
         )
 
-    def _prompt_length(self, now: float) -> float | None:
-        """``sum by (le) (rate(vllm:request_prompt_tokens_bucket[w]))`` through ``scaler.prompt_lengths``."""
+    def _bucket_rates(self, histogram: str, now: float) -> dict[float, float]:
+        """``sum by (le) (rate(<histogram>_bucket[w]))``: {le: rate} (``inf`` for +Inf)."""
+        prefix = histogram + "_bucket{"
         names = {name for s in self.prometheus.series.values() if s.values for name in s.values[-1]
-                 if name.startswith(PROMPT_BUCKET)}
-        cumulative = {}
+                 if name.startswith(prefix)}
+        out = {}
         for name in names:
             rates = self.prometheus.rate(name, now)
             if rates:
                 le = name[name.index('"') + 1: name.rindex('"')]
-                cumulative[math.inf if le == "+Inf" else float(le)] = math.fsum(rates.values())
-        return prompt_lengths.token_weighted_mean(cumulative, self._mean(prompt_lengths.HISTOGRAM, now))
+                out[math.inf if le == "+Inf" else float(le)] = math.fsum(rates.values())
+        return out
 
     def _mean(self, histogram: str, now: float) -> float | None:
         sums = self.prometheus.rate(histogram + "_sum", now)

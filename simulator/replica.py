@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from scaler.histograms import TTFT_BUCKETS
 from simulator.profiles import PerformanceProfile
 from simulator.results import ABORTED, LatencyHistogram, RequestLog
 from simulator.scheduler import COMP, ID, LEFT, NEW, NTOK, SchedulerState
@@ -50,6 +51,8 @@ class ReplicaMetrics:
     prefix_cache_hits: int = 0
     request_prompt_tokens_bucket: tuple[tuple[float, int], ...] = ()
     """The prompt-length histogram's cumulative buckets: (le, count), ``inf`` last."""
+    time_to_first_token_seconds_bucket: tuple[tuple[float, int], ...] = ()
+    """The TTFT histogram's cumulative buckets (arrival to first token): (le, count), ``inf`` last."""
 
 
 class Replica(SchedulerState):
@@ -117,7 +120,9 @@ class Replica(SchedulerState):
             prefix_cache_queries=self.prefix.query_tokens if self.prefix else 0,
             prefix_cache_hits=self.prefix.hit_tokens if self.prefix else 0,
             request_prompt_tokens_bucket=tuple(zip((*self.prompt_bucket_bounds, math.inf),
-                                                   itertools.accumulate(self.prompt_bucket_counts), strict=True)))
+                                                   itertools.accumulate(self.prompt_bucket_counts), strict=True)),
+            time_to_first_token_seconds_bucket=tuple(zip((*TTFT_BUCKETS, math.inf),
+                                                         itertools.accumulate(self.ttft_bucket_counts), strict=True)))
     @property
     def idle(self) -> bool:
         return self.busy_until is None

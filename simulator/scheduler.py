@@ -24,7 +24,7 @@ from collections import deque
 
 import numpy as np
 
-from scaler.prompt_lengths import vllm_token_buckets
+from scaler.histograms import TTFT_BUCKETS, vllm_token_buckets
 from simulator.kv_cache import PrefixCache
 from simulator.profiles import PerformanceProfile
 from simulator.results import FINISHED, LatencyHistogram, RequestLog
@@ -77,6 +77,7 @@ class SchedulerState:
         # vllm:request_prompt_tokens histogram: finished requests per bucket (le = bounds[i]; last: +Inf)
         self.prompt_bucket_bounds = vllm_token_buckets(profile.max_model_len)
         self.prompt_bucket_counts = [0] * (len(self.prompt_bucket_bounds) + 1)
+        self.ttft_bucket_counts = [0] * (len(TTFT_BUCKETS) + 1)  # vllm:time_to_first_token_seconds
 
     @property
     def S(self) -> np.ndarray:
@@ -339,6 +340,7 @@ class SchedulerState:
             if first_token[rid] == first_token[rid]:  # not NaN: a re-sample after recompute
                 continue
             first_token[rid] = end
+            self.ttft_bucket_counts[bisect_left(TTFT_BUCKETS, end - log.arrival_l[rid])] += 1
             self.fresh -= 1
             self.counters["prompt_tokens_total"] += log.input_l[rid]
             if self.prefix is not None:

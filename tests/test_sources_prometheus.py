@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from support.prometheus import PrometheusServer, eventually
 from support.vllm_exporter import VllmExporter
 
+from scaler.histograms import share_above
 from scaler.signals import Signals
 from scaler.sources import SignalSource, SourceError, Target
 from scaler.sources.prometheus import PrometheusSource, group_queries, promql_duration, promql_string, regex_any_of
@@ -155,6 +156,9 @@ def test_signals_follow_the_exporters_in_one_batch(fleet: dict[str, Any]) -> Non
         assert sy.mean_prompt_tokens == pytest.approx(50) and sy.mean_output_tokens == pytest.approx(5)
         # sum by (le) of the prompt-length buckets: every prompt in (20, 50], read as uniform
         assert sy.prompt_tokens_weighted_mean == pytest.approx((20**2 + 20 * 50 + 50**2) / 3 / 35)
+        # sum by (le) of the TTFT buckets: the exporter's first tokens all came at 0.1 s
+        assert sy.ttft_buckets is not None and share_above(dict(sy.ttft_buckets), 2.0) == 0.0
+        assert share_above(dict(sy.ttft_buckets), 0.05) == pytest.approx(1.0)
         assert sx.waiting_tokens is None  # vLLM exports none; the policy estimates it
         assert 0 <= sx.data_age_s < 3.0
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import socket
 import time
 from collections.abc import Iterator
@@ -12,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support.vllm_exporter import VllmExporter
 
+from scaler.histograms import share_above
 from scaler.signals import Signals
 from scaler.sources import SignalSource, SourceError, Target
 from scaler.sources.scrape import ModelSample, ScrapeSource, increase, parse_metrics
@@ -160,9 +162,13 @@ def test_rates_come_from_successive_scrapes(pods: tuple[VllmExporter, VllmExport
     assert second.generation_tokens_per_s == pytest.approx((10 * 100 + 5 * 50) / 10)
     assert second.mean_prompt_tokens == pytest.approx(6000 / 15)
     assert second.mean_output_tokens == pytest.approx(1250 / 15)
-    # the prompt-length histogram's buckets, (200, 500] and (100, 200], read as uniform (scaler.prompt_lengths)
+    # the prompt-length histogram's buckets, (200, 500] and (100, 200], read as uniform (scaler.histograms)
     squares = 10 * (200**2 + 200 * 500 + 500**2) / 3 + 5 * (100**2 + 100 * 200 + 200**2) / 3
     assert second.prompt_tokens_weighted_mean == pytest.approx(squares / (10 * 350 + 5 * 150))
+    # every first token came after 0.1 s (the exporter's default): none late for a 2 s SLO, all for 0.05 s
+    assert second.ttft_buckets is not None and dict(second.ttft_buckets)[math.inf] == pytest.approx(15 / 10)
+    assert share_above(dict(second.ttft_buckets), 2.0) == 0.0
+    assert share_above(dict(second.ttft_buckets), 0.05) == 1.0
     assert (second.requests_waiting, second.requests_running, second.ready_replicas) == (5, 10, 2)
     assert second.kv_cache_usage == pytest.approx(0.3)
     assert second.waiting_tokens is None

@@ -29,7 +29,7 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from scaler import prompt_lengths
+from scaler import histograms
 from scaler.signals import Signals
 from scaler.sources.base import SourceError, Target
 
@@ -67,6 +67,9 @@ def group_queries(models: Sequence[str], matchers: dict[str, list[str]], window_
     def rate(metric: str) -> str:
         return f"sum by ({by}) (rate({metric}{{{selector}}}[{window}]))"
 
+    def buckets(histogram: str) -> str:
+        return f"sum by ({by}, le) (rate({histogram}_bucket{{{selector}}}[{window}]))"
+
     def mean(histogram: str) -> str:
         return f"{rate(histogram + '_sum')} / {rate(histogram + '_count')}"
 
@@ -78,8 +81,8 @@ def group_queries(models: Sequence[str], matchers: dict[str, list[str]], window_
         "ready_replicas": f"count by ({by}) (count by ({by}, instance) (vllm:num_requests_running{{{selector}}}))",
         "mean_prompt_tokens": mean("vllm:request_prompt_tokens"),
         "mean_output_tokens": mean("vllm:request_generation_tokens"),
-        "prompt_length_buckets": (f"sum by ({by}, le) (rate({prompt_lengths.HISTOGRAM}_bucket{{{selector}}}"
-                                  f"[{window}]))"),
+        "prompt_length_buckets": buckets(histograms.PROMPT_HISTOGRAM),
+        "ttft_buckets": buckets(histograms.TTFT_HISTOGRAM),
         "kv_cache_usage": f"avg by ({by}) (avg by ({by}, instance) (vllm:kv_cache_usage_perc{{{selector}}}))",
         "newest_sample": f"max by ({by}) (timestamp(vllm:num_requests_running{{{selector}}}))",
     }
@@ -162,7 +165,7 @@ class PrometheusSource:
         try:
             for signal, promql in group_queries([t.model for t in members], matchers, window_s).items():
                 rows = self.query(address, promql)
-                tables[signal] = self._table(rows, (*names, "le") if signal == "prompt_length_buckets" else names)
+                tables[signal] = self._table(rows, (*names, "le") if signal.endswith("_buckets") else names)
                 if rows and signal == "newest_sample":
                     eval_time = _sample(rows[0])[0]
         except SourceError as exc:
@@ -223,25 +226,26 @@ class PrometheusSource:
             ready_replicas=int(required("ready_replicas", "no series")),
             mean_prompt_tokens=optional("mean_prompt_tokens"),
             mean_output_tokens=optional("mean_output_tokens"),
-            prompt_tokens_weighted_mean=self._prompt_length(tables["prompt_length_buckets"], key,
-                                                            optional("mean_prompt_tokens")),
+            prompt_tokens_weighted_mean=histograms.token_weighted_mean(
+                self._buckets(tables["prompt_length_buckets"], key), optional("mean_prompt_tokens")),
+            ttft_buckets=tuple(sorted(self._buckets(tables["ttft_buckets"], key).items())) or None,
             kv_cache_usage=optional("kv_cache_usage", lambda v: min(v, 1.0)),
             activation_value=activation,
             data_age_s=age,
         )
 
     @staticmethod
-    def _prompt_length(buckets: dict[SeriesKey, float], key: SeriesKey, mean: float | None) -> float | None:
-        """The token-weighted prompt length from this target's ``le`` rows (``scaler.prompt_lengths``)."""
+    def _buckets(table: dict[SeriesKey, float], key: SeriesKey) -> dict[float, float]:
+        """This target's cumulative bucket rates {le: per second} from a ``sum by (..., le)`` table."""
         model, values = key
-        cumulative: dict[float, float] = {}
-        for (row_model, row_values), rate in buckets.items():
-            if row_model == model and row_values[:-1] == values:
+        out: dict[float, float] = {}
+        for (row_model, row_values), rate in table.items():
+            if row_model == model and row_values[:-1] == values and math.isfinite(rate):
                 try:
-                    cumulative[float(row_values[-1])] = rate
+                    out[float(row_values[-1])] = rate
                 except ValueError:
-                    return None  # a malformed le label: no estimate, the request mean stands in
-        return prompt_lengths.token_weighted_mean(cumulative, mean)
+                    return {}  # a malformed le label: no histogram rather than a wrong one
+        return out
 
     def _activation(self, target: Target, address: str) -> float | None:
         """The target's own activation query, summed over its series; None when it returns nothing."""

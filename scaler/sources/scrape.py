@@ -34,7 +34,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from scaler import prompt_lengths
+from scaler import histograms
 from scaler.signals import Signals
 from scaler.sources.base import SourceError, Target
 
@@ -49,9 +49,8 @@ COUNTERS = {
 CREATED = {"vllm:prompt_tokens_created", "vllm:generation_tokens_created"}
 GAUGES = {"vllm:num_requests_waiting": "waiting", "vllm:num_requests_running": "running",
           "vllm:kv_cache_usage_perc": "kv"}
-PROMPT_BUCKET = prompt_lengths.HISTOGRAM + "_bucket"
-BUCKET_KEY = "prompt_le="
-"""Counter key prefix of the prompt-length histogram's cumulative buckets (``prompt_le=<le>``)."""
+BUCKETS = {histograms.PROMPT_HISTOGRAM + "_bucket": "prompt_le=", histograms.TTFT_HISTOGRAM + "_bucket": "ttft_le="}
+"""Histograms whose cumulative buckets are kept as counters, keyed ``<prefix><le>`` (e.g. ``ttft_le=2.5``)."""
 LOG = logging.getLogger("leadscale.sources.scrape")
 HISTORY = 256  # scrapes kept per URL; enough for a 60 s window at one fetch per 0.25 s
 
@@ -75,7 +74,7 @@ def parse_metrics(text: str) -> dict[str, ModelSample]:
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
                 name, model = sample.name, sample.labels.get("model_name")
-                bucket = name == PROMPT_BUCKET and "le" in sample.labels
+                bucket = name in BUCKETS and "le" in sample.labels
                 if model is None or not (name in COUNTERS or name in GAUGES or name in CREATED or bucket):
                     continue
                 value = float(sample.value)
@@ -83,7 +82,7 @@ def parse_metrics(text: str) -> dict[str, ModelSample]:
                     raise SourceError(f"{name}{{model_name={model!r}}}={value!r}: want a finite number >= 0")
                 entry = models[model]
                 if bucket:
-                    key = BUCKET_KEY + repr(float(sample.labels["le"]))  # "+Inf" -> inf
+                    key = BUCKETS[name] + repr(float(sample.labels["le"]))  # "+Inf" -> inf
                     entry.counters[key] = entry.counters.get(key, 0.0) + value
                 elif name in COUNTERS:
                     entry.counters[COUNTERS[name]] += value
@@ -108,6 +107,11 @@ def increase(history: Sequence[tuple[float, ModelSample]], key: str) -> float:
         restarted = delta < 0 or after.created > before.created > 0
         total += now_value if restarted else delta
     return total
+
+
+def _buckets(rates: dict[str, float], prefix: str) -> dict[float, float]:
+    """One histogram's cumulative bucket rates, {le: per second}, from the ``<prefix><le>`` counters."""
+    return {float(k[len(prefix):]): v for k, v in rates.items() if k.startswith(prefix)}
 
 
 @dataclass
@@ -204,7 +208,7 @@ class ScrapeSource:
             if len(window) < 2 or window[-1][0] <= window[0][0]:
                 continue
             measured += 1
-            buckets = [k for k in window[-1][1].counters if k.startswith(BUCKET_KEY)]
+            buckets = [k for k in window[-1][1].counters if k.startswith(tuple(BUCKETS.values()))]
             for key in (*COUNTERS.values(), *buckets):
                 rates[key] += increase(window, key) / (window[-1][0] - window[0][0])
         if not measured:
@@ -221,9 +225,10 @@ class ScrapeSource:
             starting_replicas=len(starting),
             mean_prompt_tokens=rates["prompt_sum"] / rates["prompt_count"] if rates["prompt_count"] > 0 else None,
             mean_output_tokens=rates["output_sum"] / rates["output_count"] if rates["output_count"] > 0 else None,
-            prompt_tokens_weighted_mean=prompt_lengths.token_weighted_mean(
-                {float(k[len(BUCKET_KEY):]): v for k, v in rates.items() if k.startswith(BUCKET_KEY)},
-                rates["prompt_sum"] / rates["prompt_count"] if rates["prompt_count"] > 0 else None),
+            prompt_tokens_weighted_mean=histograms.token_weighted_mean(
+                _buckets(rates, "prompt_le="), rates["prompt_sum"] / rates["prompt_count"] if rates["prompt_count"] > 0
+                else None),
+            ttft_buckets=tuple(sorted(_buckets(rates, "ttft_le=").items())) or None,
             kv_cache_usage=min(1.0, math.fsum(kv) / len(kv)) if kv else None,
             data_age_s=max(0.0, now - min(pod.history[-1][0] for pod in ready)),
         )

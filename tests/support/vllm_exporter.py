@@ -23,7 +23,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from scaler.prompt_lengths import vllm_token_buckets
+from scaler.histograms import vllm_token_buckets
 
 LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
                    480.0, 960.0, 1920.0, 7680.0)
@@ -34,7 +34,7 @@ ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.
 
 
 def token_buckets(max_model_len: int) -> tuple[float, ...]:
-    """vLLM's ``build_1_2_5_buckets``: the scaler's own copy (``tests/test_prompt_lengths.py`` pins it)."""
+    """vLLM's ``build_1_2_5_buckets``: the scaler's own copy (``tests/test_histograms.py`` pins it)."""
     return vllm_token_buckets(max_model_len)
 
 

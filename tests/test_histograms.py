@@ -1,8 +1,9 @@
-"""Long prompts cost more per token: the prompt-length histogram, the capacity's attention term, the policy."""
+"""vLLM's histograms: prompt lengths (long prompts cost more per token) and the TTFT tail (the SLO, measured)."""
 
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 
 import numpy as np
@@ -11,11 +12,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from scaler.capacity import ReplicaCapacity
+from scaler.efficiency import CapacityMemory, assess
+from scaler.histograms import TTFT_BUCKETS, share_above, token_weighted_mean, vllm_token_buckets
 from scaler.policy import PolicyConfig, PolicyState, decide
-from scaler.prompt_lengths import token_weighted_mean, vllm_token_buckets
 from scaler.signals import Signals
+from simulator.engine import Engine, EngineConfig
 from simulator.observe import ObserveConfig, Observer
 from simulator.profiles import get_profile
+from simulator.workload import Workload
 
 
 def cumulative_rates(lengths: list[int], bounds: tuple[float, ...], seconds: float = 1.0) -> dict[float, float]:
@@ -137,3 +141,86 @@ def test_the_simulated_prometheus_reports_the_workloads_prompt_lengths() -> None
     assert s is not None and s.prompt_tokens_weighted_mean is not None
     recent = lengths[60 * 5: 120 * 5].astype(float)
     assert s.prompt_tokens_weighted_mean == pytest.approx((recent**2).sum() / recent.sum(), rel=0.35)
+
+
+# --- the TTFT tail ---------------------------------------------------------------------------------------------
+
+
+def test_share_above_interpolates_inside_the_bucket_like_histogram_quantile() -> None:
+    ttfts = [0.05] * 80 + [1.5] * 10 + [3.0] * 10  # 20 % above 1 s, 10 % above 2.5 s
+    rates = cumulative_rates(ttfts, TTFT_BUCKETS)  # type: ignore[arg-type]
+    assert share_above(rates, 1.0) == pytest.approx(0.2)
+    assert share_above(rates, 2.5) == pytest.approx(0.1)
+    # 2 s is 2/3 into (1, 2.5]: two thirds of that bucket's 10 % are taken as below it
+    assert share_above(rates, 2.0) == pytest.approx(0.1 + 0.1 / 3)
+    assert share_above(rates, 3000.0) == 0.0
+
+
+@pytest.mark.parametrize("rates", [{}, {1.0: 0.0, math.inf: 0.0}, {1.0: 3.0, math.inf: 1.0}, {1.0: 1.0}],
+                         ids=["empty", "nothing-observed", "decreasing", "no-inf-bucket"])
+def test_share_above_refuses_what_it_cannot_read(rates: dict[float, float]) -> None:
+    assert share_above(rates, 2.0) is None
+
+
+@given(st.lists(st.floats(0.0001, 5000.0), min_size=1, max_size=100), st.floats(0.0, 3000.0),
+       st.floats(0.0, 3000.0))
+def test_share_above_is_a_share_and_falls_with_the_threshold(ttfts: list[float], a: float, b: float) -> None:
+    rates = cumulative_rates(ttfts, TTFT_BUCKETS)  # type: ignore[arg-type]
+    low, high = sorted((a, b))
+    s_low, s_high = share_above(rates, low), share_above(rates, high)
+    assert s_low is not None and s_high is not None
+    assert 0.0 <= s_high <= s_low <= 1.0
+
+
+def _snapshot(**fields: float) -> Signals:
+    base = {"at": 0.0, "prompt_tokens_per_s": 1.0, "generation_tokens_per_s": 1.0, "requests_waiting": 0.0,
+            "requests_running": 5.0, "ready_replicas": 4, "kv_cache_usage": 0.3}
+    return Signals(**(base | fields))  # type: ignore[arg-type]
+
+
+def _feed(late_share: float | None, served: float, queue: float, queued: bool = True,
+          **fields: float) -> CapacityMemory:
+    memory = CapacityMemory()
+    for i in range(40):
+        _, memory = assess(memory, _snapshot(**fields), served, queue, queued, 5.0 * i, 60.0, 0.8, 2.0, 240.0,
+                           late_share)
+    return memory
+
+
+def test_a_late_tail_at_the_estimated_load_lowers_the_efficiency_multiplicatively() -> None:
+    # 4 replicas serve 4 units (one each, as estimated) but 20 % of first tokens miss the SLO; the queue
+    # comes and goes, so no rate window measured capacity: only the tail says the estimate is too high
+    late = _feed(0.2, served=4.0, queue=0.1, queued=False, requests_waiting=1.0)
+    assert late.efficiency < 0.9
+    on_time = _feed(0.01, served=4.0, queue=0.1, requests_waiting=1.0)
+    assert on_time.efficiency > 1.0  # loaded and calm: the estimate probes upwards
+
+
+def test_a_measured_tail_overrules_the_queue_wait_estimate() -> None:
+    # a queue the wait estimate calls saturated (mean wait 5 s > 2 s / 3) and a full KV cache, yet every
+    # first token came in time: no lesson is drawn from the proxy
+    memory = _feed(0.0, served=2.0, queue=10.0, requests_waiting=50.0, kv_cache_usage=0.99)
+    assert memory.efficiency >= 1.0
+    proxy = _feed(None, served=2.0, queue=10.0, requests_waiting=50.0, kv_cache_usage=0.99)
+    assert proxy.efficiency == pytest.approx(0.5)  # without the histogram the proxy decides
+
+
+def test_simulated_replicas_count_first_tokens_in_vllms_ttft_buckets() -> None:
+    n = 400
+    rng = np.random.default_rng(3)
+    w = Workload(arrival_s=np.sort(rng.uniform(0, 20, n)), input_tokens=np.full(n, 2000, dtype=np.int64),
+                 output_tokens=np.full(n, 50, dtype=np.int64), name="burst")
+    engine = Engine(w, get_profile("h100-llama3-8b"), EngineConfig(), initial_replicas=1)
+    snaps = []
+    engine.every(5.0, lambda now: snaps.append(engine.fleet.metrics(0, now)))
+    result = engine.run()
+    last = engine.fleet.metrics(0, result.log.finish_s[~np.isnan(result.log.finish_s)].max() + 1.0)
+    buckets = dict(last.time_to_first_token_seconds_bucket)
+    ttft = result.log.first_token_s - result.log.arrival_s
+    assert buckets[math.inf] == np.sum(~np.isnan(ttft)) == n
+    for le in (0.1, 1.0, 2.5, 10.0):
+        assert buckets[le] == np.sum(ttft <= le)
+    assert share_above(buckets, 2.0) == pytest.approx(np.mean(ttft > 2.0), abs=0.1)
+    for a, b in itertools.pairwise(snaps):  # counters: cumulative over time
+        assert all(x[1] <= y[1] for x, y in zip(a.time_to_first_token_seconds_bucket,
+                                                b.time_to_first_token_seconds_bucket, strict=True))

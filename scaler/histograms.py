@@ -1,5 +1,6 @@
-"""How long the prompts behind the prompt-token rate are, from vLLM's prompt-length histogram.
+"""What vLLM's histograms say: how long the prompts are, and how many first tokens came late.
 
+**Prompt lengths.**
 Prefill is not linear in tokens: each prompt token attends to the tokens before it, so a 30k-token
 prompt costs more per token than a 300-token one (``ReplicaCapacity.prefill_cost_factor``). What
 matters for the fleet's prefill work is the *token-weighted* mean prompt length ``Σn² / Σn`` (the
@@ -7,7 +8,13 @@ length of the prompt an average prompt token belongs to), not the request mean `
 prompts carry most of the tokens. vLLM exports ``vllm:request_prompt_tokens`` as a histogram with
 1-2-5 buckets; the rates of its buckets over the rate window give the moments, assuming prompt
 lengths spread uniformly inside each bucket, with the overflow bucket's mean taken from the
-histogram's sum. The live sources and the simulator's observer call the same function.
+histogram's sum.
+
+**TTFT tail.** ``vllm:time_to_first_token_seconds`` buckets give the share of requests whose first
+token came after the SLO (``share_above``): the SLO itself, measured, where a queue-length proxy
+misses a tail made of long prompts' own prefills.
+
+The live sources and the simulator's observer call the same functions.
 """
 
 from __future__ import annotations
@@ -15,7 +22,11 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
-HISTOGRAM = "vllm:request_prompt_tokens"
+PROMPT_HISTOGRAM = "vllm:request_prompt_tokens"
+TTFT_HISTOGRAM = "vllm:time_to_first_token_seconds"
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+                40.0, 80.0, 160.0, 640.0, 2560.0)
+"""vLLM's ``vllm:time_to_first_token_seconds`` bucket bounds (v1 loggers)."""
 
 
 def vllm_token_buckets(max_model_len: int) -> tuple[float, ...]:
@@ -67,3 +78,28 @@ def token_weighted_mean(cumulative: Mapping[float, float], mean_length: float | 
         return None
     value = second_order / first_order
     return value if math.isfinite(value) else None
+
+
+def share_above(cumulative: Mapping[float, float], threshold: float) -> float | None:
+    """Share of observations above ``threshold`` from cumulative bucket rates ``{le: rate}``.
+
+    Inside the bucket holding ``threshold`` observations are taken as uniform (what Prometheus'
+    ``histogram_quantile`` assumes). None when nothing was observed or the buckets are malformed.
+    """
+    points = sorted((float(le), float(rate)) for le, rate in cumulative.items())
+    if not points or any(not (rate >= 0 and math.isfinite(rate)) for _, rate in points):
+        return None
+    total = points[-1][1] if math.isinf(points[-1][0]) else None
+    if total is None or total <= 0:
+        return None
+    below, lower = 0.0, 0.0
+    for le, rate in points:
+        if rate < below - 1e-9 * max(rate, 1.0):
+            return None
+        if threshold <= le:
+            if math.isinf(le):
+                return (total - below) / total
+            inside = (threshold - lower) / (le - lower) if le > lower else 1.0
+            return min(max((total - below - inside * (rate - below)) / total, 0.0), 1.0)
+        below, lower = max(below, rate), le
+    return None
