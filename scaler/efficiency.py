@@ -9,8 +9,12 @@ units of token work:
   (``served``), the median of the previous rate window's observations. Above the token factor, the
   KV cache fills before the token capacity does.
 - **Efficiency** ``e`` (1.0 at first), additive-increase / multiplicative-decrease like TCP's
-  congestion window: the fleet is *at the SLO's edge* when the mean queue wait over the rate window
-  (Little's law: mean queued work / throughput) exceeds a third of the TTFT budget (the p95 of an
+  congestion window. Where vLLM's TTFT histogram is scraped, the fleet is *at the SLO's edge* when
+  more than 5 % of first tokens over the rate window came after the SLO (``late_share``), calm at
+  half that; a late tail while a replica already serves what ``e`` allows costs ``e`` 10 % per rate
+  window (``TAIL_DECREASE``). Without the histogram, the fleet is at the edge when the mean queue
+  wait over the rate window (Little's law: mean queued work / throughput) exceeds a third of the
+  waiting budget (the SLO less a token-weighted prompt's own prefill; the p95 of an
   exponential wait is ln 20 ≈ 3 × its mean) or the KV cache is full with requests waiting; once
   requests have waited a whole rate window (so the rates measure capacity, not a demand that just
   rose), ``e`` drops to what one replica is serving there (``served / ready``). While the fleet runs

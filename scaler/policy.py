@@ -8,7 +8,7 @@ one replica sustains within the SLO, ``ReplicaCapacity``):
    more per token: ``ReplicaCapacity.prefill_cost_factor``) + generated tokens/s ÷ decode capacity, plus the
    growth of the waiting backlog over the rate window (a saturated fleet's throughput understates
    what arrives: arrivals = served + backlog growth), scaled by what a replica really delivers on
-   this workload (``scaler.efficiency``, learned from the fleet's queue and KV cache);
+   this workload (``scaler.efficiency``, learned from the fleet's measured TTFT tail, queue and KV cache);
 2. forecast = demand + the confident part of its robust trend × lead time (peak, and sustained);
 3. projected backlog = what is still queued when replicas ordered now could be ready, with the
    replicas already starting counted as they come (no 2→4→8 runaway);
