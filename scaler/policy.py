@@ -12,7 +12,7 @@ one replica sustains within the SLO, ``ReplicaCapacity``):
 2. forecast = demand + the confident part of its robust trend × lead time (peak, and sustained);
 3. projected backlog = what is still queued when replicas ordered now could be ready, with the
    replicas already starting counted as they come (no 2→4→8 runaway);
-4. needed = max(sustained forecast ÷ target utilization, peak forecast,
+4. needed = max(max(sustained forecast, current demand) ÷ target utilization, peak forecast,
    peak forecast + projected backlog ÷ drain time);
 5. desired = the largest recommendation of the last ``scale_down_delay_s`` (scale-up is immediate,
    scale-down waits), bounded by min/max and at least 1 while active.
@@ -248,7 +248,7 @@ def decide(signals: Signals, state: PolicyState, config: PolicyConfig, now: floa
     projected = _clip(forecast.project_backlog(backlog, level, slope, signals.ready_replicas, arrivals, lead_s))
 
     # 5. replicas needed at the horizon
-    for_utilization = max(predicted_sustained, seen.kv_replicas) / config.target_utilization
+    for_utilization = max(predicted_sustained, level, seen.kv_replicas) / config.target_utilization
     for_peak = predicted
     for_backlog = predicted + projected / config.backlog_drain_s
     needed = min(max(for_utilization, for_peak, for_backlog), float(config.max_replicas))
