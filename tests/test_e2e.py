@@ -45,8 +45,8 @@ pytestmark = [pytest.mark.vllm, pytest.mark.prometheus, pytest.mark.slow]
 
 SCALE_DOWN_DELAY_S = 25.0
 REPLAY_TIMEOUT_S = 900
-"""The burst's replay took ~95 s on an AVX-512 CI machine and over 300 s on an AVX2-only one (vLLM's CPU
-kernels are several times slower there): the backlog only takes longer to drain, the test still holds."""
+"""The test's call took ~95 s on one CI machine and 340-410 s on an AVX2-only one (vLLM's CPU kernels are
+several times slower there): the backlog only takes longer to drain, the test still holds."""
 EVALUATION_LAG_S = 10.0
 """The scaler stamps a recommendation with the time its fetch began; under load we saw Prometheus
 queries take ~10 s, so a decision can be published that much after its stamp, and its stabilization
