@@ -42,36 +42,45 @@ def vllm_token_buckets(max_model_len: int) -> tuple[float, ...]:
         exponent += 1
 
 
+def _buckets(cumulative: Mapping[float, float]) -> list[tuple[float, float, float]] | None:
+    """``(lower, le, count)`` per bucket from cumulative rates ``{le: rate}``, in order; None when empty or
+    malformed (a negative, NaN or decreasing cumulative count)."""
+    points = sorted((float(le), float(rate)) for le, rate in cumulative.items())
+    if not points or any(not (rate >= 0 and math.isfinite(rate)) for _, rate in points):
+        return None
+    out, lower, below = [], 0.0, 0.0
+    for le, rate in points:
+        if rate < below - 1e-9 * max(rate, 1.0):
+            return None  # cumulative counts must not decrease
+        out.append((lower, le, max(rate - below, 0.0)))
+        lower, below = le, max(below, rate)
+    return out
+
+
 def token_weighted_mean(cumulative: Mapping[float, float], mean_length: float | None = None) -> float | None:
     """``Σn² / Σn`` estimated from cumulative bucket rates ``{le: rate}`` (``math.inf`` for ``+Inf``).
 
     Inside a finite bucket ``(a, b]`` lengths are taken as uniform: mean ``(a + b) / 2``, mean square
-    ``(a² + ab + b²) / 3``. The overflow bucket ``(last, +Inf)`` gets the mean that the histogram's
-    own mean length (sum / count) leaves for it (at least ``last``; ``last`` when no mean is known). None when no
-    request finished in the window or the buckets are malformed (negative, NaN or decreasing counts).
+    ``(a² + ab + b²) / 3``. The overflow bucket ``(last, +Inf)`` gets the mean that the histogram's own
+    mean length (sum / count) leaves for it (at least ``last``; ``last`` when no mean is known). None when
+    no request finished in the window or the buckets are malformed (negative, NaN or decreasing counts).
     """
-    points = sorted((float(le), float(rate)) for le, rate in cumulative.items())
-    if not points or any(not (rate >= 0 and math.isfinite(rate)) for _, rate in points):
+    buckets = _buckets(cumulative)
+    if buckets is None:
         return None
-    first_order = second_order = 0.0
-    lower, below = 0.0, 0.0
-    overflow = 0.0
-    for le, rate in points:
-        count = rate - below
-        if count < -1e-9 * max(rate, 1.0):
-            return None  # cumulative counts must not decrease
-        count = max(count, 0.0)
+    first_order = second_order = overflow = last = total = 0.0
+    for lower, le, count in buckets:
+        total += count
         if math.isinf(le):
             overflow = count
         else:
             first_order += count * (lower + le) / 2.0
             second_order += count * (lower * lower + lower * le + le * le) / 3.0
-            lower = le
-        below = max(below, rate)
+            last = le
     if overflow > 0:
-        mean = lower
+        mean = last
         if mean_length is not None and math.isfinite(mean_length):
-            mean = max(lower, (mean_length * below - first_order) / overflow)
+            mean = max(last, (mean_length * total - first_order) / overflow)
         first_order += overflow * mean
         second_order += overflow * mean * mean
     if first_order <= 0:
@@ -84,22 +93,19 @@ def share_above(cumulative: Mapping[float, float], threshold: float) -> float | 
     """Share of observations above ``threshold`` from cumulative bucket rates ``{le: rate}``.
 
     Inside the bucket holding ``threshold`` observations are taken as uniform (what Prometheus'
-    ``histogram_quantile`` assumes). None when nothing was observed or the buckets are malformed.
+    ``histogram_quantile`` assumes). None when nothing was observed, there is no ``+Inf`` bucket, or the
+    buckets are malformed.
     """
-    points = sorted((float(le), float(rate)) for le, rate in cumulative.items())
-    if not points or any(not (rate >= 0 and math.isfinite(rate)) for _, rate in points):
+    buckets = _buckets(cumulative)
+    if buckets is None or not math.isinf(buckets[-1][1]):
         return None
-    total = points[-1][1] if math.isinf(points[-1][0]) else None
-    if total is None or total <= 0:
+    total = math.fsum(count for _, _, count in buckets)
+    if total <= 0:
         return None
-    below, lower = 0.0, 0.0
-    for le, rate in points:
-        if rate < below - 1e-9 * max(rate, 1.0):
-            return None
+    below = 0.0
+    for lower, le, count in buckets:
         if threshold <= le:
-            if math.isinf(le):
-                return (total - below) / total
-            inside = (threshold - lower) / (le - lower) if le > lower else 1.0
-            return min(max((total - below - inside * (rate - below)) / total, 0.0), 1.0)
-        below, lower = max(below, rate), le
+            inside = 0.0 if math.isinf(le) else (threshold - lower) / (le - lower) if le > lower else 1.0
+            return min(max((total - below - inside * count) / total, 0.0), 1.0)
+        below += count
     return None
