@@ -9,18 +9,23 @@ units of token work:
   (``served``), the median of the previous rate window's observations. Above the token factor, the
   KV cache fills before the token capacity does.
 - **Efficiency** ``e`` (1.0 at first), additive-increase / multiplicative-decrease like TCP's
-  congestion window. Where vLLM's TTFT histogram is scraped, the fleet is *at the SLO's edge* when
-  more than 5 % of first tokens over the rate window came after the SLO (``late_share``), calm at
-  half that; a late tail while a replica already serves what ``e`` allows costs ``e`` 10 % per rate
-  window (``TAIL_DECREASE``). Without the histogram, the fleet is at the edge when the mean queue
+  congestion window, but never far past the evidence: with cold starts of minutes, an estimate that
+  overshoots the real edge leaves the fleet short for a whole lead time, which alone can spend a p95
+  SLO's budget. Where vLLM's TTFT histogram is scraped, the fleet is *at the SLO's edge* when more
+  than 5 % of first tokens over the rate window came after the SLO (``late_share``), calm at half
+  that; a late tail while the fleet serves at least ``LOADED`` of the load the estimate puts on it
+  costs ``e`` 10 % per rate window (``TAIL_DECREASE``), down to ``TAIL_FLOOR`` (lateness at any fleet
+  size, e.g. prompts whose own prefill outlasts the SLO, must not grow the fleet without bound).
+  Without the histogram, the fleet is at the edge when the mean queue
   wait over the rate window (Little's law: mean queued work / throughput) exceeds a third of the
   waiting budget (the SLO less a token-weighted prompt's own prefill; the p95 of an
   exponential wait is ln 20 ≈ 3 × its mean) or the KV cache is full with requests waiting; once
   requests have waited a whole rate window (so the rates measure capacity, not a demand that just
   rose), ``e`` drops to what one replica is serving there (``served / ready``). While the fleet runs
-  near its target utilization with the mean wait under half that limit, ``e`` grows by half the
-  utilization headroom per lead time (``PROBE_SHARE``). An idle or lightly loaded fleet teaches
-  nothing and ``e`` stays put.
+  near its target utilization and calm, ``e`` grows by half the utilization headroom per lead time
+  (``PROBE_SHARE``), but only up to that same step past the highest per-replica load seen calm in
+  the last ``EVIDENCE_WINDOWS`` rate windows: a load never tried is not assumed to be safe. An idle
+  or lightly loaded fleet teaches nothing and ``e`` stays put.
   Observations count only when the fleet had the same ready replicas for 1.5 rate windows (rates
   lag readiness; a fleet that just changed reads wrong).
 
@@ -63,6 +68,14 @@ arrive (u = 0.8 and a 240 s lead time: +12 % per lead time, 0.05 % a second)."""
 LOADED = 0.85
 """A fleet serving at least this share of its target is loaded enough for its calm to mean slack."""
 
+TAIL_FLOOR = 0.5
+"""Lowest efficiency the measured tail alone can teach: first tokens late at any fleet size (prompts
+whose own prefill outlasts the SLO) must not grow the fleet without bound; only a queue that lasts a
+whole rate window (a measured throughput) can take the estimate lower."""
+
+EVIDENCE_WINDOWS = 10
+"""Rate windows over which calm observations bound the probe."""
+
 
 @dataclass(frozen=True)
 class CapacityMemory:
@@ -74,6 +87,8 @@ class CapacityMemory:
     """(t, ready replicas) over 1.5 rate windows."""
     efficiency: float = 1.0
     updated_at: float | None = None
+    calm_loads: window.Samples = ()
+    """(t, served per ready replica) of calm observations over ``EVIDENCE_WINDOWS`` rate windows."""
 
 
 @dataclass(frozen=True)
@@ -125,17 +140,25 @@ def assess(memory: CapacityMemory, signals: Signals, served: float, mean_queue_r
     learned = efficiency
     if saturated and queued_throughout:
         learned = min(efficiency, per_replica)
-    elif saturated and late_share is not None and per_replica >= efficiency:
-        # a replica serves at least what the estimate allows and the measured tail is late, without a
-        # queue all window long to measure capacity by: decrease multiplicatively until the tail holds
-        learned *= 1.0 - TAIL_DECREASE * min(dt, rate_window_s) / rate_window_s
-    elif calm and per_replica >= LOADED * target_utilization * efficiency:
-        probe_per_s = PROBE_SHARE * (1.0 / target_utilization - 1.0) / max(lead_s, rate_window_s)
-        learned = efficiency + probe_per_s * min(dt, rate_window_s)
+    elif saturated and late_share is not None and per_replica >= LOADED * target_utilization * efficiency:
+        # the fleet runs where the estimate puts it and the measured tail is late, without a queue all
+        # window long to measure capacity by: decrease multiplicatively until the tail holds
+        learned = min(efficiency, max(efficiency * (1.0 - TAIL_DECREASE * min(dt, rate_window_s) / rate_window_s),
+                                      TAIL_FLOOR))
+    calm_loads = window.since(memory.calm_loads, now - EVIDENCE_WINDOWS * rate_window_s)
+    if calm:
+        calm_loads = window.push_max(calm_loads, now, per_replica, EVIDENCE_WINDOWS * rate_window_s)
+    if calm and per_replica >= LOADED * target_utilization * efficiency:
+        # grow toward the loads seen calm, at most a probe step beyond them: never far past the evidence
+        probe = PROBE_SHARE * (1.0 / target_utilization - 1.0)
+        bound = (1.0 + probe) * (window.maximum(calm_loads, now - EVIDENCE_WINDOWS * rate_window_s) or 0.0)
+        grown = efficiency + probe / max(lead_s, rate_window_s) * min(dt, rate_window_s)
+        learned = max(efficiency, min(grown, bound))
     learned = min(max(learned, MIN_EFFICIENCY), MAX_EFFICIENCY)
 
     kv_ratios = window.since(memory.kv_ratios, now - rate_window_s)
     if usage is not None and served >= MIN_SERVED:
         kv_ratios = window.push(kv_ratios, now, min(kv_replicas / served, 1.0 / MIN_EFFICIENCY), rate_window_s)
-    updated = CapacityMemory(kv_ratios=kv_ratios, ready=ready_samples, efficiency=learned, updated_at=now)
+    updated = CapacityMemory(kv_ratios=kv_ratios, ready=ready_samples, efficiency=learned, updated_at=now,
+                             calm_loads=calm_loads)
     return Assessment(kv_replicas, kv_factor, efficiency, factor, saturated, queue_wait_s), updated

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from scaler.efficiency import MAX_EFFICIENCY, CapacityMemory, assess
+from scaler.efficiency import EVIDENCE_WINDOWS, MAX_EFFICIENCY, TAIL_FLOOR, CapacityMemory, assess
 from scaler.signals import Signals
 
 WINDOW = 60.0
@@ -53,11 +53,43 @@ def test_a_fleet_that_just_changed_teaches_nothing() -> None:
 
 
 def test_calm_loaded_fleet_probes_slowly_upwards_and_idle_one_does_not() -> None:
-    loaded = feed(120, served=3.0, queue=0.0)  # 0.75 per replica >= 0.85 x 0.8: loaded, no queue
-    # +12.5 % (half of the 0.8 target's 25 % headroom) per 240 s lead time, for 600 s
-    assert 1.0 < loaded.efficiency <= 1.0 + 0.125 * 600 / 240 + 1e-9
+    loaded = feed(120, served=3.8, queue=0.0)  # 0.95 per replica, no queue: calm near the estimate
+    # +12.5 % (half of the 0.8 target's 25 % headroom) per 240 s lead time, for 600 s, and never more
+    # than that step past the load seen calm (0.95 x 1.125)
+    assert 1.0 < loaded.efficiency <= min(1.0 + 0.125 * 600 / 240, 0.95 * 1.125) + 1e-9
     idle = feed(120, served=1.0, queue=0.0)  # 0.25 per replica: calm says nothing
     assert idle.efficiency == 1.0
+
+
+def test_probing_never_runs_past_the_evidence() -> None:
+    # calm at 0.75 per replica: the estimate's own operating point (0.8 x 1.0) was never tried, so it
+    # must not grow (growing past it is how a ramp outruns the fleet by a whole cold start)
+    assert feed(240, served=3.0, queue=0.0).efficiency == 1.0
+    # calm at 0.95 for long: e settles at one probe step past it, not at the 2.0 bound
+    settled = feed(600, served=3.8, queue=0.0)
+    assert settled.efficiency == pytest.approx(0.95 * 1.125)
+    # evidence ages out after EVIDENCE_WINDOWS rate windows; the estimate itself is kept
+    later = feed(1, served=3.8, queue=0.0, memory=settled, start=5.0 * 600 + EVIDENCE_WINDOWS * WINDOW)
+    assert later.calm_loads == () and later.efficiency == settled.efficiency
+
+
+def test_a_late_tail_at_the_operating_point_lowers_the_estimate_but_never_below_the_floor() -> None:
+    late = 0.3  # 30 % of first tokens after the SLO
+    # 0.8 per replica (the estimate's operating point) and late: the estimate is too high
+    memory = CapacityMemory()
+    for i in range(40):
+        _, memory = assess(memory, snapshot(), 3.2, 0.1, False, 5.0 * i, WINDOW, 0.8, 2.0, 240.0, late)
+    assert memory.efficiency < 0.9
+    # late at any load, for an hour (prompts whose own prefill outlasts the SLO): bounded below
+    for i in range(40, 760):
+        served = 4.0 * 0.8 * memory.efficiency  # the fleet follows the estimate down
+        _, memory = assess(memory, snapshot(), served, 0.1, False, 5.0 * i, WINDOW, 0.8, 2.0, 240.0, late)
+    assert memory.efficiency == pytest.approx(TAIL_FLOOR)
+    # a lightly loaded fleet that is late teaches nothing: lateness there is not about capacity
+    light = CapacityMemory()
+    for i in range(40):
+        _, light = assess(light, snapshot(), 1.2, 0.1, False, 5.0 * i, WINDOW, 0.8, 2.0, 240.0, late)
+    assert light.efficiency == 1.0
 
 
 def test_probing_is_bounded() -> None:
