@@ -15,7 +15,8 @@ one replica sustains within the SLO, ``ReplicaCapacity``):
 4. needed = max(max(sustained forecast, current demand) ÷ target utilization, peak forecast,
    peak forecast + projected backlog ÷ drain time);
 5. desired = the largest recommendation of the last ``scale_down_delay_s`` (scale-up is immediate,
-   scale-down waits), bounded by min/max and at least 1 while active.
+   scale-down waits), bounded by min/max and at least 1 while active; never below the current fleet
+   while the measured TTFT tail misses the SLO (``tail_hold``).
 
 The maths and every term are explained in docs/policy.md.
 """
@@ -259,9 +260,13 @@ def decide(signals: Signals, state: PolicyState, config: PolicyConfig, now: floa
     recommended = min(max(math.ceil(needed - 1e-9), config.min_replicas), config.max_replicas)
     if active:
         recommended = max(recommended, 1)
+    current = signals.ready_replicas + signals.starting_replicas
+    # a fleet whose measured tail misses the SLO is never made smaller, whatever the estimate says
+    tail_hold = late_share is not None and late_share > efficiency.TAIL_SHARE and recommended < current
+    if tail_hold:
+        recommended = min(current, config.max_replicas)
     recommendations = window.push_max(state.recommendations, now, float(recommended), config.scale_down_delay_s)
     stabilized = window.maximum(recommendations, now - config.scale_down_delay_s) or 0.0
-    current = signals.ready_replicas + signals.starting_replicas
     first_seen = now if state.first_seen is None else state.first_seen
     if now - first_seen < config.scale_down_delay_s:
         stabilized = max(stabilized, float(current))  # a fresh scaler has no window yet: hold the fleet
@@ -294,6 +299,7 @@ def decide(signals: Signals, state: PolicyState, config: PolicyConfig, now: floa
         "ttft_late_share": late_share if late_share is not None else 0.0,
         "ttft_measured": 1.0 if late_share is not None else 0.0,
         "projected_backlog_replica_s": projected,
+        "tail_hold": 1.0 if tail_hold else 0.0,
         "ready_replicas": float(signals.ready_replicas),
         "starting_replicas": float(signals.starting_replicas),
         "needed_for_utilization": for_utilization,
@@ -312,8 +318,11 @@ def decide(signals: Signals, state: PolicyState, config: PolicyConfig, now: floa
         starting_since=starting_since,
         first_seen=first_seen,
     )
-    return Decision(desired, active, MappingProxyType(terms), _reason(desired, recommended, current, predicted,
-                                                                       lead_s, config), new_state)
+    reason = _reason(desired, recommended, current, predicted, lead_s, config)
+    if tail_hold and desired == current:
+        reason = (f"hold {desired}: {late_share:.0%} of first tokens came after the {config.ttft_slo_s:g} s SLO, "
+                  f"and a fleet missing its SLO is not made smaller")
+    return Decision(desired, active, MappingProxyType(terms), reason, new_state)
 
 
 def _reason(desired: int, recommended: int, current: int, predicted: float, lead_s: float,

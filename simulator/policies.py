@@ -190,11 +190,14 @@ def leadscale_metadata(profile: str | dict[str, str], slo_ttft_s: float,
     the live scaler could not look up by name.
     """
     keys = {"profile": profile} if isinstance(profile, str) else dict(profile)
-    meta = {"model": "simulated", **keys, "ttftSeconds": f"{slo_ttft_s:g}", "leadTime": "auto",
+    meta = {"model": "simulated", **keys, "ttftSeconds": f"{slo_ttft_s:g}", **CHART_METADATA,
             "activationQuery": "sum(gateway_queue_requests)"}
     meta.update(extra or {})
     return meta
 
+
+CHART_METADATA = {"leadTime": "auto", "scaleDownDelay": "60"}
+"""Trigger metadata of the chart's example ScaledObject besides ``model`` (a test keeps the two equal)."""
 
 CHART_TOLERANCE = 0.01
 CHART_SCALE_DOWN = ScalingRules(60.0, (ScalingPolicy("Pods", 1, 60.0),), "Min", tolerance=CHART_TOLERANCE)

@@ -18,7 +18,7 @@ import pytest
 from scaler.capacity import ReplicaCapacity
 from simulator.autoscale import Outcome, run_autoscaled
 from simulator.control import ControlConfig
-from simulator.policies import Leadscale, leadscale_control
+from simulator.policies import CHART_METADATA, Leadscale, leadscale_control
 
 CAP = ReplicaCapacity(prefill_tokens_per_s=4000.0, decode_tokens_per_s=1000.0, max_num_seqs=64,
                       kv_cache_tokens=100_000)
@@ -229,6 +229,7 @@ def test_leadscale_runs_under_the_charts_scaled_object() -> None:
     from conftest import ROOT
 
     so = yaml.safe_load((ROOT / "charts" / "leadscale" / "values.yaml").read_text())["scaledObject"]
+    assert {k: str(v) for k, v in so["metadata"].items() if k != "model"} == CHART_METADATA
     c = leadscale().control
     assert isinstance(c, ControlConfig)
     assert (c.polling_interval_s, c.cooldown_period_s) == (so["pollingInterval"], so["cooldownPeriod"])

@@ -275,3 +275,21 @@ def test_state_is_not_mutated_and_replaying_gives_the_same_decision() -> None:
     second = decide(later, state, config(), 5.0)
     assert state == snapshot
     assert first == second
+
+
+def test_a_fleet_missing_its_slo_is_never_made_smaller() -> None:
+    # 8 ready replicas serve 2 replicas' worth of work: the estimate alone would scale down to 3
+    # 30 % of first tokens after 2 s (interpolated within the 1-2.5 s bucket), then none
+    late = ((0.5, 0.0), (1.0, 5.0), (2.5, 8.0), (5.0, 10.0), (math.inf, 10.0))
+    on_time = ((0.5, 5.0), (1.0, 10.0), (2.5, 10.0), (5.0, 10.0), (math.inf, 10.0))  # none after 2 s
+    cfg = config(scale_down_delay_s=0.0)
+    quiet = dict(prompt_tokens_per_s=20_000.0, requests_running=8.0, ready_replicas=8)
+    for buckets, expected in ((late, 8), (on_time, 3)):
+        state = PolicyState()
+        for t in range(0, 200, 5):
+            d = decide(signals(at=float(t), ttft_buckets=buckets, **quiet), state, cfg, float(t))
+            state = d.state
+        assert d.desired_replicas == expected
+        assert d.terms["tail_hold"] == (1.0 if expected == 8 else 0.0)
+        assert d.terms["ttft_late_share"] == pytest.approx(0.3 if expected == 8 else 0.0)
+        assert ("missing its SLO" in d.reason) == (expected == 8)
