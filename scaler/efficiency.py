@@ -13,9 +13,10 @@ units of token work:
   overshoots the real edge leaves the fleet short for a whole lead time, which alone can spend a p95
   SLO's budget. Where vLLM's TTFT histogram is scraped, the fleet is *at the SLO's edge* when more
   than 5 % of first tokens over the rate window came after the SLO (``late_share``), calm at half
-  that; a late tail while the fleet serves at least ``LOADED`` of the load the estimate puts on it
-  costs ``e`` 10 % per rate window (``TAIL_DECREASE``), down to ``TAIL_FLOOR`` (lateness at any fleet
-  size, e.g. prompts whose own prefill outlasts the SLO, must not grow the fleet without bound).
+  that; a late tail costs ``e`` 10 % per rate window (``TAIL_DECREASE``), except while replicas are
+  starting (those ordered for it have not arrived, so their effect cannot be judged yet), down to
+  ``TAIL_FLOOR`` (lateness at any fleet size, e.g. prompts whose own prefill outlasts the SLO, must
+  not grow the fleet without bound).
   Without the histogram, the fleet is at the edge when the mean queue
   wait over the rate window (Little's law: mean queued work / throughput) exceeds a third of the
   waiting budget (the SLO less a token-weighted prompt's own prefill; the p95 of an
@@ -140,9 +141,9 @@ def assess(memory: CapacityMemory, signals: Signals, served: float, mean_queue_r
     learned = efficiency
     if saturated and queued_throughout:
         learned = min(efficiency, per_replica)
-    elif saturated and late_share is not None and per_replica >= LOADED * target_utilization * efficiency:
-        # the fleet runs where the estimate puts it and the measured tail is late, without a queue all
-        # window long to measure capacity by: decrease multiplicatively until the tail holds
+    elif saturated and late_share is not None and signals.starting_replicas == 0:
+        # the measured tail is late and no replica ordered for it is still on its way, without a queue
+        # all window long to measure capacity by: decrease multiplicatively until the tail holds
         learned = min(efficiency, max(efficiency * (1.0 - TAIL_DECREASE * min(dt, rate_window_s) / rate_window_s),
                                       TAIL_FLOOR))
     calm_loads = window.since(memory.calm_loads, now - EVIDENCE_WINDOWS * rate_window_s)

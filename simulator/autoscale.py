@@ -7,10 +7,11 @@ KEDA polls and the HPA syncs (``control``), and the Deployment's new spec create
 The oracle instead follows its precomputed schedule (``oracle``), its headroom searched by
 re-running this same function.
 
-Every policy starts from the same warm fleet (``initial_replicas``; default: the replicas the first
-five minutes need by the capacity model) and is charged GPU time from each pod's creation to its
-end (``cluster``). The summary adds ``gpu_hours``, ``max_replicas``, ``mean_replicas``,
-``rejected``, ``aborted`` and ``scale_events`` to the core's per-request statistics.
+Every policy, the oracle included, starts from the same warm fleet (``initial_replicas``; default:
+``initial_fleet``, the smallest fixed fleet that meets the SLO on the first five minutes) and is
+charged GPU time from each pod's creation to its end (``cluster``). The summary adds ``gpu_hours``,
+``max_replicas``, ``mean_replicas``, ``rejected``, ``aborted`` and ``scale_events`` to the core's
+per-request statistics.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from simulator.coldstart import ColdStart, as_cold_start
 from simulator.control import ControlLoop
 from simulator.observe import ObserveConfig, Observer
 from simulator.policies import Fixed, OracleSpec, TriggerPolicy, View, make_policy
+from simulator.workload import select_window
 
 TIMELINE_STEP_S = 10.0
 INITIAL_WINDOW_S = 300.0
@@ -124,10 +126,10 @@ def run_autoscaled(workload: Any, profile: Any, policy: str | TriggerPolicy | Fi
     capacity = profile.capacity(slo_ttft_s)
     duration = float(workload.arrival_s[-1]) if len(workload.arrival_s) else 0.0
     need = demand_replicas(workload, profile, capacity, max(duration, oracle_mod.BUCKET_S))
-    if initial_replicas is None:
-        first = need[: max(1, int(INITIAL_WINDOW_S // oracle_mod.BUCKET_S))]
-        initial_replicas = min(max(min_replicas, 1, math.ceil(float(first.max()) - 1e-9)), max_replicas)
     options = dict(backend_options or {})
+    if initial_replicas is None:
+        initial_replicas = initial_fleet(workload, profile, need, slo_ttft_s, seed, min_replicas, max_replicas,
+                                         lambda head: backend_factory(head, profile, seed, slo_ttft_s, **options))
 
     def once(alpha: float | None) -> AutoscaleResult:
         backend = backend_factory(workload, profile, seed, slo_ttft_s, **options)
@@ -154,6 +156,33 @@ def run_autoscaled(workload: Any, profile: Any, policy: str | TriggerPolicy | Fi
     return result
 
 
+def initial_fleet(workload: Any, profile: Any, need: np.ndarray, slo_ttft_s: float, seed: int, min_replicas: int,
+                  max_replicas: int, make_backend: Callable[[Any], Backend]) -> int:
+    """The warm fleet every run starts from: the smallest fixed fleet that meets the SLO (p95 TTFT) on
+    the first ``INITIAL_WINDOW_S`` of the workload, searched upward from the capacity model's estimate
+    (the most the first five minutes' buckets need) to twice it.
+
+    Why: a run should measure the policy, not how the fleet was sized before it took over. A start
+    below what the load needs costs every causal policy the same minutes of late first tokens (no pod
+    ordered at t = 0 is ready before its cold start), which only the clairvoyant oracle could avoid.
+    When no fleet up to twice the estimate meets the SLO there (first tokens late at any size), the
+    estimate is kept.
+    """
+    first = need[: max(1, int(INITIAL_WINDOW_S // oracle_mod.BUCKET_S))]
+    estimate = min(max(min_replicas, 1, math.ceil(float(first.max()) - 1e-9)), max_replicas)
+    head = select_window(workload, 0.0, INITIAL_WINDOW_S)
+    if len(head.arrival_s) == 0:
+        return estimate
+    never = as_cold_start("fixed:1")  # a fixed fleet starts no pod
+    for replicas in range(estimate, min(2 * estimate, max_replicas) + 1):
+        run = _simulate(make_backend(head), Fixed(replicas), never, seed, slo_ttft_s, need, replicas, 0.0, 1.0,
+                        None, None, min_replicas)
+        p95 = run.summary.get("ttft_p95")
+        if p95 is not None and p95 <= slo_ttft_s:
+            return replicas
+    return estimate
+
+
 def _simulate(backend: Backend, policy: TriggerPolicy | Fixed | OracleSpec, cold: ColdStart, seed: int,
               slo_ttft_s: float, need: np.ndarray, initial: int, drain_grace_s: float, tick_s: float,
               observe: ObserveConfig | None, alpha: float | None, min_replicas: int) -> AutoscaleResult:
@@ -172,7 +201,8 @@ def _simulate(backend: Backend, policy: TriggerPolicy | Fixed | OracleSpec, cold
     plans: list[oracle_mod.PodPlan] = []
     if isinstance(policy, OracleSpec):
         replicas = oracle_mod.replicas_per_bucket(need, alpha or 1.0, min_replicas)
-        plans = oracle_mod.plan_pods(replicas, oracle_mod.BUCKET_S, lambda: cold.sample(rng), bridge_s=cold.mean())
+        plans = oracle_mod.plan_pods(replicas, oracle_mod.BUCKET_S, lambda: cold.sample(rng), bridge_s=cold.mean(),
+                                     warm_limit=initial)
         warm = [p for p in plans if p.warm]
         cluster.warm_start(0.0, len(warm))
         plan_pods: dict[int, Pod] = dict(enumerate(p for p in cluster.pods))

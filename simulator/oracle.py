@@ -16,8 +16,8 @@ The oracle sees every future arrival and the exact cold start of every pod it wi
 4. **Provisioning one cold start early**: the pod of an interval starting at ``s`` is created at
    ``s - cold_start`` with that pod's exact cold start (drawn in order from the run's generator), so
    it turns Ready exactly at ``s``; it is deleted at the interval's end (and drains like any pod).
-   Pods needed before their cold start could elapse start warm at t = 0, as every policy's initial
-   replicas do.
+   Pods needed before their cold start could elapse start warm at t = 0, up to the warm fleet every
+   policy starts with; beyond it they are created at t = 0 like any policy's.
 
 What this is and is not: the optimum *within this family of schedules* (per-bucket need x one
 headroom factor), verified by simulation. It is not a proof that no schedule could use fewer
@@ -111,14 +111,23 @@ def level_intervals(replicas: np.ndarray, bucket_s: float, bridge_s: float) -> l
 
 
 def plan_pods(replicas: np.ndarray, bucket_s: float, draw_cold_start: Callable[[], float],
-              bridge_s: float) -> list[PodPlan]:
-    """Pods for the schedule, each created one (exact) cold start before it is wanted; a pod wanted
-    sooner than its cold start allows is part of the warm fleet at t = 0, as every policy's initial pods."""
+              bridge_s: float, warm_limit: int | None = None) -> list[PodPlan]:
+    """Pods for the schedule, each created one (exact) cold start before it is wanted. A pod wanted
+    sooner than its cold start allows is one of the warm fleet at t = 0, up to ``warm_limit`` pods (the
+    fleet every policy starts with); any more are created at t = 0 and are ready one cold start later,
+    as a causal policy's would be."""
     plans = []
-    for start, end in sorted(level_intervals(replicas, bucket_s, bridge_s)):
-        cold = draw_cold_start() if start > 0.0 else 0.0
+    warm = 0
+    for start, end in sorted(level_intervals(replicas, bucket_s, bridge_s), key=lambda se: (se[0], -se[1])):
+        cold = draw_cold_start() if start > 0.0 else 0.0  # of pods wanted together, the longest-lived start warm
         if start - cold < 0.0 or start <= 0.0:
-            plans.append(PodPlan(0.0, 0.0, end, 0.0, warm=True))
+            if warm_limit is None or warm < warm_limit:
+                warm += 1
+                plans.append(PodPlan(0.0, 0.0, end, 0.0, warm=True))
+            else:
+                cold = cold or draw_cold_start()
+                if cold < end:
+                    plans.append(PodPlan(0.0, cold, end, cold))
         else:
             plans.append(PodPlan(start - cold, start, end, cold))
     return plans

@@ -19,6 +19,7 @@ from scaler.capacity import ReplicaCapacity
 from simulator.autoscale import Outcome, run_autoscaled
 from simulator.control import ControlConfig
 from simulator.policies import CHART_METADATA, Leadscale, leadscale_control
+from simulator.workload import Workload
 
 CAP = ReplicaCapacity(prefill_tokens_per_s=4000.0, decode_tokens_per_s=1000.0, max_num_seqs=64,
                       kv_cache_tokens=100_000)
@@ -30,13 +31,6 @@ class Profile:
 
     def capacity(self, ttft_slo_s: float) -> ReplicaCapacity:
         return CAP
-
-
-@dataclass
-class Workload:
-    arrival_s: np.ndarray
-    input_tokens: np.ndarray
-    output_tokens: np.ndarray
 
 
 def ramp_workload(seed: int = 0, minutes: int = 30) -> Workload:
@@ -350,3 +344,27 @@ def test_compare_checks_leadscale_metadata_with_the_live_parser_before_running()
     assert _key_value(" a = b ") == ("a", "b")
     with pytest.raises(ValueError, match="expected KEY=VALUE"):
         _key_value("novalue")
+
+
+def test_every_policy_starts_from_the_smallest_fleet_that_meets_the_slo_at_first() -> None:
+    from simulator.autoscale import INITIAL_WINDOW_S, demand_replicas, initial_fleet
+    from simulator.workload import select_window
+
+    rng = np.random.default_rng(5)
+    arrivals = np.cumsum(rng.exponential(1 / 2.8, 1800))  # a flat ~0.99 replica of work: one FIFO replica queues
+    w = Workload(arrivals, rng.integers(200, 800, arrivals.size), rng.integers(50, 300, arrivals.size))
+    need = demand_replicas(w, Profile(), CAP, float(w.arrival_s[-1]))
+    n = initial_fleet(w, Profile(), need, 2.0, 3, 1, 100, lambda head: QueueBackend(head, Profile(), 3, 2.0))
+    head = select_window(w, 0.0, INITIAL_WINDOW_S)
+
+    def p95(replicas: int) -> float:
+        return run_autoscaled(head, Profile(), f"fixed:{replicas}", "fixed:60", 2.0, 3,
+                              backend_factory=QueueBackend).summary["ttft_p95"]
+
+    assert p95(n) <= 2.0 and (n == 1 or p95(n - 1) > 2.0)
+    assert n > math.ceil(need[: int(INITIAL_WINDOW_S // 30)].max())  # the work model alone starts too small here
+    for policy in ("waiting-requests", "fixed:1"):
+        first = run_autoscaled(w, Profile(), policy, "fixed:60", 2.0, 3, backend_factory=QueueBackend)
+        assert first.timeline["ready"][0] == (n if policy != "fixed:1" else 1)
+    oracle = run_autoscaled(w, Profile(), "oracle", "fixed:60", 2.0, 3, backend_factory=QueueBackend, oracle_alpha=2.5)
+    assert oracle.timeline["ready"][0] <= n

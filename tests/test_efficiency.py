@@ -73,7 +73,7 @@ def test_probing_never_runs_past_the_evidence() -> None:
     assert later.calm_loads == () and later.efficiency == settled.efficiency
 
 
-def test_a_late_tail_at_the_operating_point_lowers_the_estimate_but_never_below_the_floor() -> None:
+def test_a_late_tail_lowers_the_estimate_but_never_below_the_floor() -> None:
     late = 0.3  # 30 % of first tokens after the SLO
     # 0.8 per replica (the estimate's operating point) and late: the estimate is too high
     memory = CapacityMemory()
@@ -85,11 +85,15 @@ def test_a_late_tail_at_the_operating_point_lowers_the_estimate_but_never_below_
         served = 4.0 * 0.8 * memory.efficiency  # the fleet follows the estimate down
         _, memory = assess(memory, snapshot(), served, 0.1, False, 5.0 * i, WINDOW, 0.8, 2.0, 240.0, late)
     assert memory.efficiency == pytest.approx(TAIL_FLOOR)
-    # a lightly loaded fleet that is late teaches nothing: lateness there is not about capacity
-    light = CapacityMemory()
+
+
+def test_a_late_tail_teaches_nothing_while_replicas_are_starting() -> None:
+    # the replicas ordered for the lateness have not arrived: their effect cannot be judged yet
+    memory = CapacityMemory()
     for i in range(40):
-        _, light = assess(light, snapshot(), 1.2, 0.1, False, 5.0 * i, WINDOW, 0.8, 2.0, 240.0, late)
-    assert light.efficiency == 1.0
+        _, memory = assess(memory, snapshot(starting_replicas=2), 3.2, 0.1, False, 5.0 * i, WINDOW, 0.8, 2.0,
+                           240.0, 0.3)
+    assert memory.efficiency == 1.0
 
 
 def test_probing_is_bounded() -> None:

@@ -77,3 +77,14 @@ def test_alpha_bisection_finds_the_threshold() -> None:
         search_alpha(lambda a: True, low=2.0)
     with pytest.raises(ValueError, match="alpha=0"):
         replicas_per_bucket(np.array([1.0]), 0)
+
+
+def test_the_oracle_starts_no_more_warm_pods_than_every_policy() -> None:
+    replicas = np.array([3, 3, 3, 3, 1])
+    draws = iter([50.0, 70.0, 40.0])
+    plans = plan_pods(replicas, 30.0, lambda: next(draws), bridge_s=100.0, warm_limit=1)
+    warm = [p for p in plans if p.warm]
+    late = sorted((p.create_at, p.ready_at, p.delete_at) for p in plans if not p.warm)
+    # one pod warm (the shared fleet); the two others wanted at t = 0 are created then, ready a cold start later
+    assert [(p.create_at, p.delete_at) for p in warm] == [(0.0, 150.0)]
+    assert late == [(0.0, 50.0, 120.0), (0.0, 70.0, 120.0)]
