@@ -118,8 +118,9 @@ def plan_pods(replicas: np.ndarray, bucket_s: float, draw_cold_start: Callable[[
     as a causal policy's would be."""
     plans = []
     warm = 0
+    # of the pods wanted from t = 0, the longest-lived are the warm ones
     for start, end in sorted(level_intervals(replicas, bucket_s, bridge_s), key=lambda se: (se[0], -se[1])):
-        cold = draw_cold_start() if start > 0.0 else 0.0  # of pods wanted together, the longest-lived start warm
+        cold = draw_cold_start() if start > 0.0 else 0.0
         if start - cold < 0.0 or start <= 0.0:
             if warm_limit is None or warm < warm_limit:
                 warm += 1
