@@ -123,13 +123,12 @@ def run_autoscaled(workload: Any, profile: Any, policy: str | TriggerPolicy | Fi
     cold = as_cold_start(cold_start)
     built = make_policy(policy, profile_keys(profile, slo_ttft_s), slo_ttft_s, min_replicas, max_replicas,
                         leadscale_metadata) if isinstance(policy, str) else policy
-    capacity = profile.capacity(slo_ttft_s)
-    duration = float(workload.arrival_s[-1]) if len(workload.arrival_s) else 0.0
-    need = demand_replicas(workload, profile, capacity, max(duration, oracle_mod.BUCKET_S))
+    need = _need(workload, profile, slo_ttft_s)
     options = dict(backend_options or {})
     if initial_replicas is None:
-        initial_replicas = initial_fleet(workload, profile, need, slo_ttft_s, seed, min_replicas, max_replicas,
-                                         lambda head: backend_factory(head, profile, seed, slo_ttft_s, **options))
+        initial_replicas = starting_fleet(workload, profile, slo_ttft_s, seed, min_replicas=min_replicas,
+                                          max_replicas=max_replicas, backend_factory=backend_factory,
+                                          backend_options=options)
 
     def once(alpha: float | None) -> AutoscaleResult:
         backend = backend_factory(workload, profile, seed, slo_ttft_s, **options)
@@ -154,6 +153,21 @@ def run_autoscaled(workload: Any, profile: Any, policy: str | TriggerPolicy | Fi
     p95 = result.summary.get("ttft_p95")
     result.summary["oracle_meets_slo"] = p95 is not None and p95 <= slo_ttft_s
     return result
+
+
+def _need(workload: Any, profile: Any, slo_ttft_s: float) -> np.ndarray:
+    duration = float(workload.arrival_s[-1]) if len(workload.arrival_s) else 0.0
+    return demand_replicas(workload, profile, profile.capacity(slo_ttft_s), max(duration, oracle_mod.BUCKET_S))
+
+
+def starting_fleet(workload: Any, profile: Any, slo_ttft_s: float, seed: int, *, min_replicas: int = 1,
+                   max_replicas: int = 100, backend_factory: Callable[..., Backend] = default_backend,
+                   backend_options: dict[str, Any] | None = None) -> int:
+    """``initial_fleet`` exactly as ``run_autoscaled`` computes it by default: callers that run many
+    policies or settings on one workload and seed (the tuner) compute it once and pass it on."""
+    options = dict(backend_options or {})
+    return initial_fleet(workload, profile, _need(workload, profile, slo_ttft_s), slo_ttft_s, seed, min_replicas,
+                         max_replicas, lambda head: backend_factory(head, profile, seed, slo_ttft_s, **options))
 
 
 def initial_fleet(workload: Any, profile: Any, need: np.ndarray, slo_ttft_s: float, seed: int, min_replicas: int,

@@ -223,17 +223,19 @@ def default_point(space: dict[str, tuple[float, float, float]]) -> dict[str, Any
 
 _INPUTS: TuneInputs | None = None
 _WINDOWS: dict[str, Any] = {}
+_STARTS: dict[tuple[str, int], int] = {}
 
 
 def _init(inputs: TuneInputs) -> None:
     global _INPUTS
     _INPUTS = inputs
     _WINDOWS.clear()
+    _STARTS.clear()
 
 
 def _job(job: tuple[Settings | str, str, int, bool]) -> tuple[dict[str, Any], Any]:
     """Run ``job`` = (settings or baseline name, window, seed, keep full result) in this process."""
-    from simulator.autoscale import run_autoscaled
+    from simulator.autoscale import run_autoscaled, starting_fleet
 
     assert _INPUTS is not None, "_init() first"
     what, window, seed, keep = job
@@ -242,9 +244,14 @@ def _job(job: tuple[Settings | str, str, int, bool]) -> tuple[dict[str, Any], An
         _WINDOWS[window] = i.window(window)
     policy: Any = what.policy(getattr(i.profile, "name", str(i.profile)), i.slo_ttft_s, i.min_replicas,
                               i.max_replicas) if isinstance(what, Settings) else what
+    options = {"slo_tpot_s": i.slo_tpot_s}
+    if (window, seed) not in _STARTS:  # the same for every trial on this window and seed
+        _STARTS[window, seed] = starting_fleet(_WINDOWS[window], i.profile, i.slo_ttft_s, seed,
+                                               min_replicas=i.min_replicas, max_replicas=i.max_replicas,
+                                               backend_options=options)
     result = run_autoscaled(_WINDOWS[window], i.profile, policy, i.cold_start, i.slo_ttft_s, seed,
                             min_replicas=i.min_replicas, max_replicas=i.max_replicas,
-                            backend_options={"slo_tpot_s": i.slo_tpot_s})
+                            initial_replicas=_STARTS[window, seed], backend_options=options)
     summary = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in result.summary.items()}
     return summary, (result if keep else None)
 
