@@ -152,7 +152,7 @@ def assess(memory: CapacityMemory, signals: Signals, served: float, mean_queue_r
     if calm and per_replica >= LOADED * target_utilization * efficiency:
         # grow toward the loads seen calm, at most a probe step beyond them: never far past the evidence
         probe = PROBE_SHARE * (1.0 / target_utilization - 1.0)
-        bound = (1.0 + probe) * (window.maximum(calm_loads, now - EVIDENCE_WINDOWS * rate_window_s) or 0.0)
+        bound = (1.0 + probe) * max((v for _, v in calm_loads), default=0.0)  # already trimmed to the window
         grown = efficiency + probe / max(lead_s, rate_window_s) * min(dt, rate_window_s)
         learned = max(efficiency, min(grown, bound))
     learned = min(max(learned, MIN_EFFICIENCY), MAX_EFFICIENCY)
