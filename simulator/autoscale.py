@@ -28,6 +28,7 @@ from simulator.cluster import Cluster, Pod
 from simulator.coldstart import ColdStart, as_cold_start
 from simulator.control import ControlLoop
 from simulator.observe import ObserveConfig, Observer
+from simulator.oracle_run import OracleBudget, OracleInputs, run_oracle
 from simulator.policies import Fixed, OracleSpec, TriggerPolicy, View, make_policy
 from simulator.workload import select_window
 
@@ -111,11 +112,15 @@ def run_autoscaled(workload: Any, profile: Any, policy: str | TriggerPolicy | Fi
                    tick_s: float = 1.0, observe: ObserveConfig | None = None,
                    backend_factory: Callable[..., Backend] = default_backend, oracle_alpha: float | None = None,
                    oracle_steps: int = 5, backend_options: dict[str, Any] | None = None,
-                   leadscale_metadata: dict[str, str] | None = None) -> AutoscaleResult:
+                   leadscale_metadata: dict[str, str] | None = None,
+                   oracle_budget: OracleBudget | None = None) -> AutoscaleResult:
     """Simulate ``workload`` under ``policy`` (a name or a built policy); deterministic for a seed.
 
     ``leadscale_metadata`` adds or overrides trigger metadata keys of ``leadscale`` (e.g.
-    ``{"targetUtilization": "0.9"}``), validated by the live scaler's own parser.
+    ``{"targetUtilization": "0.9"}``), validated by the live scaler's own parser. The oracle
+    (``simulator.oracle_run``) runs its own search; ``oracle_alpha`` runs just the headroom-alpha
+    schedule at that alpha, ``oracle_steps`` sets the alpha bisection's runs, ``oracle_budget`` the
+    rest of its simulation budget.
     """
     slo_ttft_s = float(slo)
     if not (math.isfinite(slo_ttft_s) and slo_ttft_s > 0):
@@ -130,29 +135,26 @@ def run_autoscaled(workload: Any, profile: Any, policy: str | TriggerPolicy | Fi
                                           max_replicas=max_replicas, backend_factory=backend_factory,
                                           backend_options=options)
 
-    def once(alpha: float | None) -> AutoscaleResult:
+    def once(plans: list[oracle_mod.PodPlan] | None) -> AutoscaleResult:
         backend = backend_factory(workload, profile, seed, slo_ttft_s, **options)
         return _simulate(backend, built, cold, seed, slo_ttft_s, need, initial_replicas, drain_grace_s, tick_s,
-                         observe, alpha, min_replicas)
+                         observe, plans, min_replicas)
 
     if not isinstance(built, OracleSpec):
         return once(None)
     if oracle_alpha is not None:
-        return once(oracle_alpha)
-    runs: dict[float, AutoscaleResult] = {}
+        result = once(alpha_plans(need, oracle_alpha, cold, seed, initial_replicas, min_replicas))
+        result.summary["oracle_alpha"] = oracle_alpha
+        return result
+    def part_run(part: Any, plans: list[oracle_mod.PodPlan]) -> AutoscaleResult:
+        backend = backend_factory(part, profile, seed, slo_ttft_s, **options)
+        return _simulate(backend, built, cold, seed, slo_ttft_s, need, len([p for p in plans if p.warm]), 0.0,
+                         tick_s, None, plans, min_replicas)
 
-    def meets(alpha: float) -> bool:
-        runs[alpha] = once(alpha)
-        p95 = runs[alpha].summary.get("ttft_p95")
-        return p95 is not None and p95 <= slo_ttft_s
-
-    best = oracle_mod.search_alpha(meets, steps=oracle_steps)
-    result = runs[best]
-    result.summary["oracle_alpha"] = best
-    result.summary["oracle_runs"] = len(runs)
-    p95 = result.summary.get("ttft_p95")
-    result.summary["oracle_meets_slo"] = p95 is not None and p95 <= slo_ttft_s
-    return result
+    inputs = OracleInputs(workload, profile, cold, seed, slo_ttft_s, need, initial_replicas, min_replicas,
+                          max_replicas, lambda part: backend_factory(part, profile, seed, slo_ttft_s, **options),
+                          once, part_run)
+    return run_oracle(inputs, OracleBudget(alpha_steps=oracle_steps) if oracle_budget is None else oracle_budget)
 
 
 def _need(workload: Any, profile: Any, slo_ttft_s: float) -> np.ndarray:
@@ -197,9 +199,20 @@ def initial_fleet(workload: Any, profile: Any, need: np.ndarray, slo_ttft_s: flo
     return estimate
 
 
+def alpha_plans(need: np.ndarray, alpha: float, cold: ColdStart, seed: int, initial: int,
+                min_replicas: int) -> list[oracle_mod.PodPlan]:
+    """The headroom-alpha schedule's pods (``simulator.oracle``), its cold starts drawn in order from the
+    run's stream, gaps bridged by the mean cold start: the oracle before issue #11, kept as a candidate."""
+    rng = np.random.default_rng([seed, 4])
+    replicas = oracle_mod.replicas_per_bucket(need, alpha, min_replicas)
+    return oracle_mod.plan_pods(replicas, oracle_mod.BUCKET_S, lambda: cold.sample(rng), bridge_s=cold.mean(),
+                                warm_limit=initial)
+
+
 def _simulate(backend: Backend, policy: TriggerPolicy | Fixed | OracleSpec, cold: ColdStart, seed: int,
               slo_ttft_s: float, need: np.ndarray, initial: int, drain_grace_s: float, tick_s: float,
-              observe: ObserveConfig | None, alpha: float | None, min_replicas: int) -> AutoscaleResult:
+              observe: ObserveConfig | None, oracle_plans: list[oracle_mod.PodPlan] | None,
+              min_replicas: int) -> AutoscaleResult:
     rng = np.random.default_rng([seed, 4])  # cold starts: a stream of their own, the same for every policy
     cluster = Cluster(backend, cold, rng, is_idle=lambda rid: backend.in_flight(rid) == 0,
                       drain_grace_s=drain_grace_s)
@@ -214,9 +227,9 @@ def _simulate(backend: Backend, policy: TriggerPolicy | Fixed | OracleSpec, cold
     name = getattr(policy, "name", "policy")
     plans: list[oracle_mod.PodPlan] = []
     if isinstance(policy, OracleSpec):
-        replicas = oracle_mod.replicas_per_bucket(need, alpha or 1.0, min_replicas)
-        plans = oracle_mod.plan_pods(replicas, oracle_mod.BUCKET_S, lambda: cold.sample(rng), bridge_s=cold.mean(),
-                                     warm_limit=initial)
+        if oracle_plans is None:
+            raise ValueError("the oracle's run needs its pods (oracle_plans)")
+        plans = list(oracle_plans)
         warm = [p for p in plans if p.warm]
         cluster.warm_start(0.0, len(warm))
         plan_pods: dict[int, Pod] = dict(enumerate(p for p in cluster.pods))
@@ -300,6 +313,7 @@ def _result(name: str, outcome: Outcome, cluster: Cluster, timeline: list[tuple[
         key = f"ttft_p{q}"
         if summary.get(key) is None and ttft.size:
             summary[key] = float(np.percentile(ttft, q))
+    summary["ttft_late_share"] = float(np.mean(ttft > slo_ttft_s)) if ttft.size else None
     if "slo_attainment" not in summary and outcome.ttft_s.size:
         summary["slo_attainment"] = float(np.mean(np.nan_to_num(outcome.ttft_s, nan=np.inf) <= slo_ttft_s))
     centers = np.arange(need.size) * oracle_mod.BUCKET_S
