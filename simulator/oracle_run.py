@@ -69,8 +69,10 @@ class OracleInputs:
 
 
 def allowed_late(completed: int, share: float) -> int:
-    """Late first tokens that still keep the (1 - share) percentile (numpy's linear one) <= the SLO:
-    at least ``floor((1 - share)(N - 1)) + 1`` of ``N`` must be on time."""
+    """The most late first tokens a run can have with its (1 - share) percentile (numpy's linear one)
+    <= the SLO: that percentile interpolates from the sorted value at ``floor((1 - share)(N - 1))``, so at
+    least that many plus one of ``N`` must be on time. Necessary, which is what the bound needs; a plan
+    is judged on the percentile itself (``judge``)."""
     if completed <= 0:
         return 0
     return int(completed - 1 - math.floor((1.0 - share) * (completed - 1) + 1e-9))

@@ -88,3 +88,49 @@ def test_the_oracle_starts_no_more_warm_pods_than_every_policy() -> None:
     # one pod warm (the shared fleet); the two others wanted at t = 0 are created then, ready a cold start later
     assert [(p.create_at, p.delete_at) for p in warm] == [(0.0, 150.0)]
     assert late == [(0.0, 50.0, 120.0), (0.0, 70.0, 120.0)]
+
+
+# --- the feasible schedule's pods (simulator.oracle_plan) ---------------------------------------------
+
+EDGES = np.arange(6) * 60.0  # five windows of 60 s
+
+
+def test_level_runs_follow_the_path_and_the_last_run_never_ends() -> None:
+    from simulator.oracle_plan import level_runs
+
+    runs = level_runs(np.array([1, 2, 0, 2, 2]), EDGES)
+    assert runs[0] == [[0.0, 120.0], [180.0, float("inf")]]
+    assert runs[1] == [[60.0, 120.0], [180.0, float("inf")]]
+
+
+def test_a_gap_is_bridged_only_when_shorter_than_the_restarting_pods_own_draw() -> None:
+    from simulator.oracle_plan import place_pods
+
+    path = np.array([1, 0, 1, 1, 1])  # level 1 off for one 60 s window
+    long_draw = place_pods(path, EDGES, np.array([100.0, 30.0]), warm_limit=1)
+    assert [(p.create_at, p.delete_at, p.warm) for p in long_draw] == [(0.0, float("inf"), True)]  # 60 < 100
+    short_draw = place_pods(path, EDGES, np.array([30.0, 100.0]), warm_limit=1)
+    assert sorted((p.create_at, p.ready_at, p.delete_at) for p in short_draw) == [
+        (0.0, 0.0, 60.0), (90.0, 120.0, float("inf"))]  # 60 > 30: stop, restart 30 s early
+
+
+def test_pods_take_draws_in_the_order_they_are_created() -> None:
+    from simulator.oracle_plan import place_pods
+
+    # two pods wanted at 120 s and 180 s; draws 20 s then 150 s
+    path = np.array([0, 0, 1, 2, 2])
+    plans = sorted(place_pods(path, EDGES, np.array([20.0, 150.0]), warm_limit=0), key=lambda p: p.create_at)
+    # by start order the 120 s pod would take 20 s and be created at 100 s, the 180 s one at 30 s: not
+    # creation order. Fixed point: the 180 s pod is created first (draw 20 -> 160 s), the 120 s pod takes 150
+    # s and must start at 0, ready at 150 s (late: no warm pod left)
+    assert [(p.create_at, p.ready_at, p.cold_start_s) for p in plans] == [(0.0, 150.0, 150.0), (160.0, 180.0, 20.0)]
+
+
+def test_pods_wanted_before_their_draw_allows_come_from_the_warm_fleet() -> None:
+    from simulator.oracle_plan import place_pods
+
+    path = np.array([1, 2, 2, 2, 2])
+    plans = place_pods(path, EDGES, np.array([100.0]), warm_limit=2)
+    assert sorted((p.create_at, p.ready_at, p.warm) for p in plans) == [(0.0, 0.0, True), (0.0, 0.0, True)]
+    plans = place_pods(path, EDGES, np.array([100.0]), warm_limit=1)
+    assert sorted((p.create_at, p.ready_at, p.warm) for p in plans) == [(0.0, 0.0, True), (0.0, 100.0, False)]
