@@ -4,7 +4,7 @@
 [--json]`` takes every workload, profile, SLO, cold-start and seed flag of ``simulate`` (the core's
 ``add_run_arguments``/``build_run_inputs``), runs each policy (in parallel processes, one per core),
 writes ``DIR/report.md``, ``DIR/report.html``, the PNGs and ``DIR/summary.json``, and with ``--json``
-prints ``{"policies": {name: summary}}`` on stdout.
+prints ``{"policies": {name: summary}}`` on stdout (plus ``"oracle"``: its headline figures, when it ran).
 """
 
 from __future__ import annotations
@@ -22,6 +22,9 @@ from typing import Any
 
 DEFAULT_POLICIES = "leadscale,waiting-requests,kv-cache,saturation,oracle"
 DEFAULT_COLD_START = "lognormal:p50=120,p90=240"
+ORACLE_KEYS = ("oracle_gpu_hours", "oracle_lower_bound_gpu_hours", "oracle_bound_gap_gpu_hours", "oracle_meets_slo",
+               "causal_min_late_share", "causally_feasible")
+"""The oracle's headline figures, repeated at the top level of ``--json`` (the full set is in its summary)."""
 
 
 def _has(parser: argparse.ArgumentParser, flag: str) -> bool:
@@ -172,8 +175,7 @@ def run(args: argparse.Namespace) -> int:
              f"seed {seed}."]
     if "oracle" in results:
         o = results["oracle"].summary
-        notes.append(f"oracle: headroom alpha {o.get('oracle_alpha', float('nan')):.3f} after {o.get('oracle_runs')} "
-                     f"verification runs; meets the SLO: {'yes' if o.get('oracle_meets_slo') else 'no'}.")
+        payload["oracle"] = {k: _clean(o.get(k)) for k in ORACLE_KEYS if k in o}
     write_report(results, out, "leadscale compare", slo, notes)
     (out / "summary.json").write_text(json.dumps(payload, indent=2) + "\n")
     write_timelines(results, out)
@@ -181,7 +183,10 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(payload))
     else:
         from simulator.report import markdown_table
+        from simulator.report_oracle import oracle_notes
 
         print(markdown_table(results))
+        if "oracle" in results:
+            print("\n" + "\n".join(oracle_notes(results["oracle"].summary, slo)))
         print(f"\nreport: {out / 'report.html'}")
     return 0

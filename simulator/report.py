@@ -2,6 +2,8 @@
 
 Plots: for each policy, demand (replicas the load needs, from the capacity model) against ready and
 starting replicas over time; p95 TTFT per minute over time; TTFT CDFs; and the side-by-side table.
+With an ``oracle`` run, its two numbers (feasible schedule and lower bound) are stated apart, with a
+table and a figure of cost versus miss budget (``report_oracle``).
 Inputs are ``AutoscaleResult``-like objects (``summary``, ``timeline``, ``arrival_s``, ``ttft_s``),
 so the report never reruns a simulation.
 """
@@ -21,6 +23,7 @@ TABLE_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("ttft_p95", "p95 TTFT (s)", "{:.2f}"),
     ("ttft_p99", "p99 TTFT (s)", "{:.2f}"),
     ("slo_attainment", "SLO attainment", "{:.3f}"),
+    ("ttft_late_share", "late first tokens", "{:.3f}"),
     ("rejected", "rejected", "{:d}"),
     ("aborted", "aborted", "{:d}"),
     ("scale_events", "scale events", "{:d}"),
@@ -147,11 +150,24 @@ def write_report(results: Mapping[str, ResultLike], out_dir: str | Path, title: 
     """Write report.md, report.html and the PNGs into ``out_dir``; returns their paths."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    from simulator.report_oracle import budget_table, oracle_notes, plot_budget
+
     pngs = plot(results, out, slo_ttft_s)
+    oracle = results.get("oracle")
+    oracle_text = oracle_notes(oracle.summary, slo_ttft_s) if oracle is not None else []
+    budget_rows = budget_table(oracle.summary) if oracle is not None else []
+    budget_png = plot_budget(results, out)
     md = [f"# {title}", ""]
     for note in notes:
         md += [note, ""]
     md += [markdown_table(results), ""]
+    if oracle_text:
+        md += ["## The oracle: a feasible schedule and a lower bound", ""]
+        for note in oracle_text:
+            md += [f"- {note}"]
+        md += ["", *budget_rows, ""]
+    if budget_png:
+        md += [f"![{budget_png}]({budget_png})", ""]
     md += [f"![{p}]({p})" for p in pngs]
     (out / "report.md").write_text("\n".join(md) + "\n")
     header, rows = table_rows(results)
@@ -164,8 +180,23 @@ def write_report(results: Mapping[str, ResultLike], out_dir: str | Path, title: 
         "</head><body><h1>" + html.escape(title) + "</h1>"
         + "".join(f"<p>{html.escape(n)}</p>" for n in notes if n)
         + f"<table><tr>{cells}</tr>{body}</table>"
+        + ("<h2>The oracle: a feasible schedule and a lower bound</h2><ul>"
+           + "".join(f"<li>{html.escape(n)}</li>" for n in oracle_text) + "</ul>" if oracle_text else "")
+        + _html_rows(budget_rows)
+        + (f"<p><img src='{budget_png}' alt='{budget_png}'></p>" if budget_png else "")
         + "".join(f"<p><img src='{p}' alt='{p}'></p>" for p in pngs)
         + "</body></html>"
     )
     (out / "report.html").write_text(page)
-    return {"md": out / "report.md", "html": out / "report.html", **{p: out / p for p in pngs}}
+    files = [*pngs, *([budget_png] if budget_png else [])]
+    return {"md": out / "report.md", "html": out / "report.html", **{p: out / p for p in files}}
+
+
+def _html_rows(rows: Sequence[str]) -> str:
+    """A Markdown table (header, rule, rows) as an HTML table."""
+    if not rows:
+        return ""
+    cells = [[c.strip() for c in row.strip("|").split("|")] for row in rows if not row.startswith("|---")]
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in cells[0])
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in cells[1:])
+    return f"<table><tr>{head}</tr>{body}</table>"

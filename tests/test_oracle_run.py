@@ -136,3 +136,17 @@ def test_real_engine_bound_and_feasible_schedule_on_a_trace_window() -> None:
         if meets(s):
             assert oracle["oracle_lower_bound_gpu_hours"] <= s["gpu_hours"]
             assert s["gpu_hours"] >= (1 - NOISE) * oracle["oracle_gpu_hours"]
+
+
+def test_the_report_states_both_numbers_and_draws_cost_versus_miss_budget(tmp_path) -> None:
+    from simulator.report import write_report
+
+    results = {p: result("step", p) for p in ("leadscale", "fixed:3", "oracle")}
+    paths = write_report(results, tmp_path, "step", SLO)
+    md = paths["md"].read_text()
+    s = results["oracle"].summary
+    assert f"oracle = the best feasible clairvoyant schedule found: {s['oracle_gpu_hours']:.2f} GPU-h" in md
+    assert f"oracle lower bound = {s['oracle_lower_bound_gpu_hours']:.2f} GPU-h" in md and "not a schedule" in md
+    assert "causally INFEASIBLE" in md and "| 2.5 % |" in md
+    assert paths["oracle_budget.png"].stat().st_size > 1000
+    assert "<h2>The oracle" in paths["html"].read_text()
