@@ -37,6 +37,9 @@ from simulator.workload import Workload, select_window
 WINDOW_S = 60.0
 DOWN_STOP_SHARE = 0.5
 """A window's scan stops once half its requests are late: no budget worth spending goes there."""
+NEAR_FLOOR_SHARE = 0.005
+"""Scanning up stops within this share of the window's requests above its floor (above the largest fleet
+simulated, the bound takes the floor and a plan the last value, so stopping early is safe for both)."""
 
 
 @dataclass(frozen=True)
@@ -205,18 +208,28 @@ def fixed_fleet_ttft(make_backend: Callable[[Workload], Any], workload: Workload
     return np.asarray(backend.run().ttft_s, dtype=float)
 
 
+LONE_GAP_S = 60.0
+
+
 def lone_misses(make_backend: Callable[[Workload], Any], workload: Workload, windows: Windows, slo_ttft_s: float,
                 suspects: np.ndarray) -> np.ndarray:
     """Per window, requests late even alone on an idle replica (``suspects`` limits the search to the
-    requests whose work model says they could be: the rest cannot be late alone)."""
+    requests whose work model says they could be: the rest cannot be late alone).
+
+    One replica, the suspects ``LONE_GAP_S`` apart with one output token each, so each normally finds
+    the replica idle; one that did not (its predecessor's first token came later than the gap) is not
+    counted, so the floor can only come out low, which is the safe side for the bound.
+    """
     floor = np.zeros(windows.count, dtype=np.int64)
     idx = np.flatnonzero(suspects)
     if idx.size == 0:
         return floor
-    gap = 10_000.0  # far apart: each request meets an idle replica
-    alone = workload.take(idx, arrival_s=np.arange(idx.size) * gap)
+    alone = workload.take(idx, arrival_s=np.arange(idx.size) * LONE_GAP_S)
+    alone = Workload(alone.arrival_s, alone.input_tokens, np.ones(idx.size, dtype=np.int64), name=alone.name,
+                     block_ids=alone.block_ids, block_offsets=alone.block_offsets, block_tokens=alone.block_tokens)
     ttft = fixed_fleet_ttft(make_backend, alone, 1)
-    late = np.isfinite(ttft) & (ttft > slo_ttft_s)
+    idle = np.r_[True, np.nan_to_num(ttft[:-1], nan=np.inf) < LONE_GAP_S]
+    late = idle & np.isfinite(ttft) & (ttft > slo_ttft_s)
     np.add.at(floor, windows.index[idx[late]], 1)
     return floor
 
@@ -230,11 +243,11 @@ def _plateau(up: list[int], raw: dict[int, int]) -> bool:
 
 
 def scan_window(misses_at: Callable[[int], int], start: int, floor: int, stop_above: int, n_cap: int,
-                ) -> dict[int, int]:
+                near: int = 0) -> dict[int, int]:
     """Simulate one window at the fleet sizes that matter; returns {n: misses}.
 
-    Up from ``start`` (steps of ``n // 8``, at least 1) until the misses reach ``floor``, plateau
-    (``_plateau``) or ``n_cap``; bisection for the smallest size doing as well; then down, one by one
+    Up from ``start`` (steps of ``n // 8``, at least 1) until the misses are within ``near`` of ``floor``,
+    plateau (``_plateau``) or reach ``n_cap``; bisection for the smallest size doing as well; then down, one by one
     for two sizes and by ``n // 8`` after, until the misses exceed ``stop_above`` (or n = 1). Large
     fleets are sampled sparsely; ``monotone`` fills the sizes between soundly in either direction.
     """
@@ -247,7 +260,7 @@ def scan_window(misses_at: Callable[[int], int], start: int, floor: int, stop_ab
 
     n = max(1, min(start, n_cap))
     up = [n]
-    while not (at(n) <= floor or n >= n_cap or _plateau(up, raw)):
+    while not (at(n) <= floor + near or n >= n_cap or _plateau(up, raw)):
         n = min(n_cap, n + max(1, n // 8))
         up.append(n)
     hi, target = n, raw[n]
@@ -300,5 +313,6 @@ def window_curves(workload: Workload, make_backend: Callable[[Workload], Any], s
             return int(np.sum(np.isfinite(ttft) & (ttft > slo_ttft_s)))
 
         stop = min(budget, int(DOWN_STOP_SHARE * windows.eligible[w]))
-        raw.append(scan_window(misses_at, int(estimate[w]), int(floors[w]), stop, n_cap))
+        near = int(NEAR_FLOOR_SHARE * windows.eligible[w])
+        raw.append(scan_window(misses_at, int(estimate[w]), int(floors[w]), stop, n_cap, near))
     return MissCurves(windows, raw, floors, sims)
