@@ -202,7 +202,8 @@ def repair(spec: Repair, budget: int, simulate: Callable[[list[PodPlan]], Any],
         if meets and (best is None or result.summary["gpu_hours"] < best.result.summary["gpu_hours"]):
             best, stale = attempt, 0
             predicted = float(spec.table[np.arange(k), path.replicas].sum())
-            target = 0.97 * allowed * max(predicted, 1.0) / max(late, 1)
+            # spend what is left as the curves count it, but a run far under budget says little about scale
+            target = min(0.97 * allowed * max(predicted, 1.0) / max(late, 0.25 * allowed, 1.0), 1.5 * budget)
             lo = np.maximum(path.replicas - 1, spec.min_replicas)
             cap = np.minimum(path.replicas + 1, spec.cap)
     return best

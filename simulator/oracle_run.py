@@ -41,7 +41,7 @@ class OracleBudget:
     """How many full simulations each part may use (each costs about one policy's run)."""
 
     repair_runs: int = 8
-    share_runs: int = 2
+    share_runs: int = 1
     alpha_steps: int = 5
     skip_cost_s: float | None = 1.0
     window_s: float = oracle_curves.WINDOW_S

@@ -134,3 +134,33 @@ def test_pods_wanted_before_their_draw_allows_come_from_the_warm_fleet() -> None
     assert sorted((p.create_at, p.ready_at, p.warm) for p in plans) == [(0.0, 0.0, True), (0.0, 0.0, True)]
     plans = place_pods(path, EDGES, np.array([100.0]), warm_limit=1)
     assert sorted((p.create_at, p.ready_at, p.warm) for p in plans) == [(0.0, 0.0, True), (0.0, 100.0, False)]
+
+
+def test_repair_never_asks_for_more_than_one_and_a_half_budgets(monkeypatch) -> None:
+    """A run far under budget must not scale the next target without limit (a near-empty fleet)."""
+    from types import SimpleNamespace
+
+    from simulator.oracle_plan import Repair, repair
+
+    table = np.array([[1000, 900, 5, 0]] * 5)
+    spec = Repair(table.copy(), np.full(5, 60.0), EDGES, np.zeros(0, dtype=np.int64), 2, 1, np.full(5, 3),
+                  np.array([50.0] * 20), 50.0)
+    targets: list[int] = []
+
+    def simulate(plans):
+        return SimpleNamespace(summary={"gpu_hours": len(plans)}, ttft_s=np.zeros(0))
+
+    def judge(result):
+        return True, 1, 100
+
+    import simulator.oracle_plan as op
+
+    real = op.budget_path
+
+    def spy(misses, lengths, budget, *args, **kwargs):
+        targets.append(budget)
+        return real(misses, lengths, budget, *args, **kwargs)
+
+    monkeypatch.setattr(op, "budget_path", spy)
+    repair(spec, 100, simulate, judge, 2.0, runs=3)
+    assert len(targets) >= 2 and max(targets) <= 150
