@@ -3,13 +3,14 @@
 Given per-window miss curves ``m[w, n]`` (``oracle_curves``), window lengths ``L_w`` and a starting
 fleet ``n0`` (the shared warm fleet, Ready at 0 for free), ``budget_path`` solves exactly
 
-    minimise   sum_w L_w * n_w  +  add_cost * sum_w max(0, n_w - n_{w-1})      (n_{-1} = n0)
+    minimise   sum_w L_w * n_w  +  cost of the adds, sum_w max(0, n_w - n_{w-1})     (n_{-1} = n0)
     subject to sum_w m[w, n_w] <= budget,   lo <= n_w <= cap_w
 
 by dynamic programming over (window, n, misses used). Misses are counted in units of
 ``budget / units`` so the table stays small: rounded *up* the answer is feasible for the true misses
 (a plan), rounded *down* its cost is no more than the true optimum (a bound). Dropping replicas is
-free; the DP decides itself whether a lull is worth a later cold start.
+free; the DP decides itself whether a lull is worth a later cold start. Adds cost ``add_cost`` each,
+or, for a plan that knows its pods' cold starts, the k-th add costs the k-th draw.
 
 ``cold_start_floor`` is the least cold-start GPU time any schedule pays to bring ``R`` pods to Ready
 from the run's draw stream, and ``conjugate`` its convex conjugate: the bound charges ``mu`` per
@@ -35,59 +36,85 @@ class Path:
     adds: int
 
 
-def budget_path(misses: np.ndarray, lengths: np.ndarray, budget: float, start: int, add_cost: float, *,
-                units: int = 400, round_up: bool = True, lo: int | np.ndarray = 0, cap: np.ndarray | None = None,
-                ) -> Path | None:
+def _add_prefix(add_cost: float | np.ndarray, most: int) -> tuple[np.ndarray, int]:
+    """``P[j]``: what the first j adds cost, j in 0..most, and how many adds the DP must count apart (A):
+    a scalar costs the same for every add (A = 0); an array's k-th entry is the k-th add's cost and the
+    adds after it cost their mean."""
+    costs = np.atleast_1d(np.asarray(add_cost, dtype=float))
+    if costs.size == 0 or not (np.isfinite(costs).all() and (costs >= 0).all()):
+        raise ValueError(f"add_cost={add_cost!r}: must be finite numbers of seconds >= 0")
+    scalar = np.ndim(add_cost) == 0
+    tail = float(costs[0] if scalar else costs.mean())
+    apart = 0 if scalar else costs.size
+    head = np.r_[0.0, np.cumsum(costs[:apart])]
+    extra = np.arange(1, max(most - apart, 0) + 1) * tail + head[-1]
+    return np.r_[head, extra], apart
+
+
+def budget_path(misses: np.ndarray, lengths: np.ndarray, budget: float, start: int, add_cost: float | np.ndarray,
+                *, units: int = 400, round_up: bool = True, lo: int | np.ndarray = 0,
+                cap: np.ndarray | None = None) -> Path | None:
     """The cheapest path within ``budget`` (see the module docstring); None when no path fits.
-    ``lo`` and ``cap``: the least and most replicas, one for all windows or one per window."""
+
+    ``add_cost``: seconds per added replica, or the k-th add's cost for each k (a plan that knows its
+    pods' cold starts; the DP then also tracks how many adds came before). ``lo`` and ``cap``: the
+    least and most replicas, one for all windows or one per window.
+    """
     k, width = misses.shape
     if lengths.shape != (k,):
         raise ValueError(f"lengths has shape {lengths.shape}: need one length per window ({k})")
     if not (math.isfinite(budget) and budget >= 0):
         raise ValueError(f"budget={budget!r}: must be a finite number of misses >= 0")
-    if not (math.isfinite(add_cost) and add_cost >= 0):
-        raise ValueError(f"add_cost={add_cost!r}: must be a finite number of seconds >= 0")
     if not 0 <= start < width:
         raise ValueError(f"start={start!r}: must be a fleet size in 0..{width - 1}")
+    prefix, apart = _add_prefix(add_cost, k * width)
     unit = max(1.0, budget / max(units, 1))
     cells = math.floor(budget / unit + 1e-9) + 1
     scaled = misses / unit
     used = np.ceil(scaled - 1e-9) if round_up else np.floor(scaled + 1e-9)
     used = np.minimum(used, cells).astype(np.int64)  # more than the budget: never fits
+    # states s = a * width + n: n replicas after min(a, apart) adds; step[s, s'] the cost of s' -> s
     ns = np.arange(width)
-    step = add_cost * np.maximum(ns[:, None] - ns[None, :], 0)  # [n, n'] cost of going n' -> n
+    size = (apart + 1) * width
+    step = np.full((size, size), np.inf)
+    for a_prev in range(apart + 1):
+        for n_prev in range(width):
+            adds = np.maximum(ns - n_prev, 0)
+            a_new = np.minimum(a_prev + adds, apart)
+            step[a_new * width + ns, a_prev * width + n_prev] = prefix[a_prev + adds] - prefix[a_prev]
     lows = np.broadcast_to(np.asarray(lo, dtype=np.int64), (k,))
-    value = np.full((width, cells), np.inf)
+    n_of = np.tile(ns, apart + 1)
+    value = np.full((size, cells), np.inf)
     value[start, 0] = 0.0
-    back = np.zeros((k, width, cells), dtype=np.int32)
+    back = np.zeros((k, size, cells), dtype=np.int32)
     for w in range(k):
-        # best predecessor per (n, b): min over n' of value[n', b] + step[n, n']
+        # best predecessor per (s, b): min over s' of value[s', b] + step[s, s']
         total = value[None, :, :] + step[:, :, None]
         back[w] = np.argmin(total, axis=1)
         best = np.take_along_axis(total, back[w][:, None, :], axis=1)[:, 0, :]
-        new = np.full((width, cells), np.inf)
-        ok = (ns >= lows[w]) if cap is None else (ns >= lows[w]) & (ns <= cap[w])
-        for n in np.flatnonzero(ok):
-            u = int(used[w, n])
+        new = np.full((size, cells), np.inf)
+        ok = (n_of >= lows[w]) if cap is None else (n_of >= lows[w]) & (n_of <= cap[w])
+        for state in np.flatnonzero(ok):
+            u = int(used[w, n_of[state]])
             if u < cells:
-                new[n, u:] = best[n, : cells - u] + lengths[w] * n
+                new[state, u:] = best[state, : cells - u] + lengths[w] * n_of[state]
         value = new
-    n_end, b_end = np.unravel_index(int(np.argmin(value)), value.shape)
-    if not math.isfinite(value[n_end, b_end]):
+    s_end, b_end = np.unravel_index(int(np.argmin(value)), value.shape)
+    if not math.isfinite(value[s_end, b_end]):
         return None
     path = np.zeros(k, dtype=np.int64)
-    n, b = int(n_end), int(b_end)
+    state, b = int(s_end), int(b_end)
     for w in range(k - 1, -1, -1):
-        path[w] = n
-        b -= int(used[w, n])  # the budget used before window w
-        n = int(back[w, n, b])
-    return _path(path, misses, lengths, start, add_cost)
+        path[w] = n_of[state]
+        b -= int(used[w, n_of[state]])  # the budget used before window w
+        state = int(back[w, state, b])
+    return _path(path, misses, lengths, start, prefix)
 
 
-def _path(path: np.ndarray, misses: np.ndarray, lengths: np.ndarray, start: int, add_cost: float) -> Path:
+def _path(path: np.ndarray, misses: np.ndarray, lengths: np.ndarray, start: int, prefix: np.ndarray) -> Path:
     adds = int(np.maximum(np.diff(np.r_[start, path]), 0).sum())
     total = int(misses[np.arange(path.size), path].sum())
-    return Path(path, float((lengths * path).sum() + add_cost * adds), total, adds)
+    return Path(path, float((lengths * path).sum() + prefix[adds]), total, adds)
 
 
 def cold_start_floor(draws: np.ndarray, r_max: int, skip_cost_s: float | None) -> np.ndarray:

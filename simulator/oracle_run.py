@@ -107,6 +107,19 @@ def suspects(workload: Any, profile: Any, slo_ttft_s: float) -> np.ndarray:
     return prefill > 0.25 * slo_ttft_s
 
 
+PLAN_STATES = 80
+"""The plan's DP tracks the first adds one by one (each costs its own draw) while (adds + 1) x fleet
+sizes stays within this many states; beyond, every add costs the mean of the first draws."""
+
+
+def plan_add_costs(draws: np.ndarray, width: int) -> float | np.ndarray:
+    """What the plan's DP charges per added replica: the k-th draw for the first adds, or the mean."""
+    apart = min(12, PLAN_STATES // max(width, 1) - 1)
+    if apart >= 2:
+        return np.asarray(draws[:apart], dtype=float)
+    return float(np.mean(draws[: max(4 * width, 10)]))
+
+
 def cold_draws(cold: ColdStart, seed: int, count: int) -> np.ndarray:
     """The first ``count`` cold starts of the run's stream: what the k-th pod of any policy gets."""
     rng = np.random.default_rng([seed, 4])
@@ -153,9 +166,8 @@ def run_oracle(i: OracleInputs, budget: OracleBudget | None = None) -> Any:
 
     # the feasible schedule: DP on warm curves, known draws, simulated and repaired
     plan_table = warm.table(width - 1, optimistic=False)
-    nominal = float(np.mean(draws[: max(4 * width, 10)]))
     spec = Repair(plan_table.copy(), lengths, windows.edges, windows.index, i.initial, i.min_replicas,
-                  np.full(windows.count, width - 1), draws, nominal)
+                  np.full(windows.count, width - 1), draws, plan_add_costs(draws, width))
     simulated: list[Any] = []
     runs: list[tuple[str, list[oracle_mod.PodPlan], Any]] = []
     stage = "dp"

@@ -95,3 +95,21 @@ def test_conjugate_is_fenchel_young_tight() -> None:
 def test_golden_max_finds_a_concave_maximum() -> None:
     x, fx = golden_max(lambda m: -(m - 3.2) ** 2, 0.0, 10.0, evals=30)
     assert x == pytest.approx(3.2, abs=0.01) and fx == pytest.approx(0.0, abs=1e-3)
+
+
+@pytest.mark.parametrize("draws", [(10.0, 300.0), (300.0, 10.0, 10.0), (50.0,)], ids=["cheap-first", "dear-first",
+                                                                                    "one-then-mean"])
+def test_budget_path_with_each_adds_own_cost_is_exact(draws: tuple[float, ...]) -> None:
+    def add_costs(adds: int) -> float:
+        known = list(draws[:adds])
+        return sum(known) + max(adds - len(draws), 0) * float(np.mean(draws))
+
+    for budget, start in ((0, 0), (10, 1), (45, 0), (90, 1)):
+        best = np.inf
+        for path in itertools.product(range(MISSES.shape[1]), repeat=3):
+            if sum(MISSES[w, n] for w, n in enumerate(path)) > budget:
+                continue
+            adds = sum(max(0, b - a) for a, b in zip((start, *path[:-1]), path, strict=True))
+            best = min(best, float(np.dot(LENGTHS, path)) + add_costs(adds))
+        got = budget_path(MISSES, LENGTHS, budget, start, np.array(draws), units=1000)
+        assert got is not None and got.cost == pytest.approx(best), (budget, start)
