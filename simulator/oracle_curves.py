@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -71,6 +71,20 @@ class MissCurves:
     raw: list[dict[int, int]]
     floor: np.ndarray
     simulations: int = 0
+    tail: dict[int, float] = field(default_factory=dict)
+    """Last window only: seconds its replay ran past the last arrival, per fleet size (the backlog a
+    lean last window leaves runs on, and every pod is held until it is done)."""
+
+    def tail_costs(self, n_max: int) -> np.ndarray:
+        """Replica-seconds of that tail for n in 0..n_max (a size not simulated: the next smaller one's)."""
+        out = np.zeros(n_max + 1)
+        if not self.tail:
+            return out
+        ns = sorted(self.tail)
+        for n in range(n_max + 1):
+            below = [m for m in ns if m <= n]
+            out[n] = n * self.tail[below[-1] if below else ns[0]]
+        return out
 
     @property
     def n_max(self) -> int:
@@ -202,10 +216,17 @@ def _cacheable_blocks(workload: Workload, slo_ttft_s: float, edges: np.ndarray) 
 
 def fixed_fleet_ttft(make_backend: Callable[[Workload], Any], workload: Workload, replicas: int) -> np.ndarray:
     """TTFT of every request on ``replicas`` fixed replicas Ready at 0 (NaN: no first token)."""
+    return fixed_fleet_run(make_backend, workload, replicas)[0]
+
+
+def fixed_fleet_run(make_backend: Callable[[Workload], Any], workload: Workload, replicas: int,
+                    ) -> tuple[np.ndarray, float]:
+    """TTFT of every request on ``replicas`` fixed replicas Ready at 0, and when the run ended."""
     backend = make_backend(workload)
     for _ in range(replicas):
         backend.add_replica(0.0)
-    return np.asarray(backend.run().ttft_s, dtype=float)
+    outcome = backend.run()
+    return np.asarray(outcome.ttft_s, dtype=float), float(getattr(outcome, "end_s", 0.0) or 0.0)
 
 
 LONE_GAP_S = 60.0
@@ -295,8 +316,10 @@ def window_curves(workload: Workload, make_backend: Callable[[Workload], Any], s
     windows = make_windows(workload, window_s, rejected, end_s)
     floors = np.zeros(windows.count, dtype=np.int64) if floor is None else np.asarray(floor, dtype=np.int64)
     raw: list[dict[int, int]] = []
+    tail: dict[int, float] = {}
     sims = 0
     edges = windows.edges
+    last_arrival = float(workload.arrival_s[-1]) if len(workload) else 0.0
     for w in range(windows.count):
         lo = edges[max(w - warmup, 0)] if start == "warm" else edges[w]
         hi = edges[w + 1] if w + 1 < windows.count else math.inf
@@ -306,13 +329,17 @@ def window_curves(workload: Workload, make_backend: Callable[[Workload], Any], s
             continue
         counted = part.arrival_s >= edges[w] - lo
 
-        def misses_at(n: int, part: Workload = part, counted: np.ndarray = counted) -> int:
+        def misses_at(n: int, part: Workload = part, counted: np.ndarray = counted, lo: float = lo,
+                      last: bool = w == windows.count - 1) -> int:
             nonlocal sims
             sims += 1
-            ttft = fixed_fleet_ttft(make_backend, part, n)[counted]
+            ttft, ended = fixed_fleet_run(make_backend, part, n)
+            if last:
+                tail[n] = max(0.0, lo + ended - last_arrival)
+            ttft = ttft[counted]
             return int(np.sum(np.isfinite(ttft) & (ttft > slo_ttft_s)))
 
         stop = min(budget, int(DOWN_STOP_SHARE * windows.eligible[w]))
         near = int(NEAR_FLOOR_SHARE * windows.eligible[w])
         raw.append(scan_window(misses_at, int(estimate[w]), int(floors[w]), stop, n_cap, near))
-    return MissCurves(windows, raw, floors, sims)
+    return MissCurves(windows, raw, floors, sims, tail)

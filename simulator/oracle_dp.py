@@ -53,12 +53,13 @@ def _add_prefix(add_cost: float | np.ndarray, most: int) -> tuple[np.ndarray, in
 
 def budget_path(misses: np.ndarray, lengths: np.ndarray, budget: float, start: int, add_cost: float | np.ndarray,
                 *, units: int = 400, round_up: bool = True, lo: int | np.ndarray = 0,
-                cap: np.ndarray | None = None) -> Path | None:
+                cap: np.ndarray | None = None, extra: np.ndarray | None = None) -> Path | None:
     """The cheapest path within ``budget`` (see the module docstring); None when no path fits.
 
     ``add_cost``: seconds per added replica, or the k-th add's cost for each k (a plan that knows its
     pods' cold starts; the DP then also tracks how many adds came before). ``lo`` and ``cap``: the
-    least and most replicas, one for all windows or one per window.
+    least and most replicas, one for all windows or one per window. ``extra[w, n]``: seconds more for
+    n replicas in window w (a plan's last window: the backlog it leaves holds every pod longer).
     """
     k, width = misses.shape
     if lengths.shape != (k,):
@@ -68,6 +69,9 @@ def budget_path(misses: np.ndarray, lengths: np.ndarray, budget: float, start: i
     if not 0 <= start < width:
         raise ValueError(f"start={start!r}: must be a fleet size in 0..{width - 1}")
     prefix, apart = _add_prefix(add_cost, k * width)
+    replica_cost = lengths[:, None] * np.arange(width)[None, :]
+    if extra is not None:
+        replica_cost = replica_cost + extra
     unit = max(1.0, budget / max(units, 1))
     cells = math.floor(budget / unit + 1e-9) + 1
     scaled = misses / unit
@@ -97,7 +101,7 @@ def budget_path(misses: np.ndarray, lengths: np.ndarray, budget: float, start: i
         for state in np.flatnonzero(ok):
             u = int(used[w, n_of[state]])
             if u < cells:
-                new[state, u:] = best[state, : cells - u] + lengths[w] * n_of[state]
+                new[state, u:] = best[state, : cells - u] + replica_cost[w, n_of[state]]
         value = new
     s_end, b_end = np.unravel_index(int(np.argmin(value)), value.shape)
     if not math.isfinite(value[s_end, b_end]):
@@ -108,13 +112,13 @@ def budget_path(misses: np.ndarray, lengths: np.ndarray, budget: float, start: i
         path[w] = n_of[state]
         b -= int(used[w, n_of[state]])  # the budget used before window w
         state = int(back[w, state, b])
-    return _path(path, misses, lengths, start, prefix)
+    return _path(path, misses, replica_cost, start, prefix)
 
 
-def _path(path: np.ndarray, misses: np.ndarray, lengths: np.ndarray, start: int, prefix: np.ndarray) -> Path:
+def _path(path: np.ndarray, misses: np.ndarray, replica_cost: np.ndarray, start: int, prefix: np.ndarray) -> Path:
     adds = int(np.maximum(np.diff(np.r_[start, path]), 0).sum())
-    total = int(misses[np.arange(path.size), path].sum())
-    return Path(path, float((lengths * path).sum() + prefix[adds]), total, adds)
+    rows = np.arange(path.size)
+    return Path(path, float(replica_cost[rows, path].sum() + prefix[adds]), int(misses[rows, path].sum()), adds)
 
 
 def cold_start_floor(draws: np.ndarray, r_max: int, skip_cost_s: float | None) -> np.ndarray:

@@ -139,7 +139,9 @@ class Repair:
     min_replicas: int
     cap: np.ndarray
     draws: np.ndarray
-    add_cost: float
+    add_cost: float | np.ndarray
+    extra: np.ndarray | None = None
+    """Seconds more per (window, fleet size): the last window's tail (``oracle_dp.budget_path``)."""
     attempts: list[Attempt] = field(default_factory=list)
 
 
@@ -181,7 +183,8 @@ def repair(spec: Repair, budget: int, simulate: Callable[[list[PodPlan]], Any],
     for _ in range(4 * runs):
         if done >= runs or stale >= 2:
             break
-        path = budget_path(spec.table, spec.lengths, target, spec.start, spec.add_cost, lo=lo, cap=cap)
+        path = budget_path(spec.table, spec.lengths, target, spec.start, spec.add_cost, lo=lo, cap=cap,
+                           extra=spec.extra)
         if path is None:
             break
         key = tuple(int(n) for n in path.replicas)

@@ -45,6 +45,7 @@ class OracleBudget:
     alpha_steps: int = 5
     skip_cost_s: float | None = 1.0
     window_s: float = oracle_curves.WINDOW_S
+    plan_window_s: float = oracle_curves.WINDOW_S
     warmup_windows: int = 1
 
 
@@ -146,13 +147,13 @@ def run_oracle(i: OracleInputs, budget: OracleBudget | None = None) -> Any:
     optimistic = oracle_curves.window_curves(stripped, i.make_backend, slo, estimate, most, start="empty",
                                              window_s=cfg.window_s, floor=opt_floor, n_cap=cap_n, end_s=end)
     # warm curves (the plan): the previous window first, real prompts and prefix caches
-    warm_floor = oracle_curves.lone_misses(i.make_backend, w, windows, slo, suspects(w, i.profile, slo) & ~rejected)
-    warm = oracle_curves.window_curves(w, i.make_backend, slo, estimate, most, start="warm", window_s=cfg.window_s,
-                                       floor=warm_floor, n_cap=cap_n, rejected=rejected, end_s=end,
-                                       warmup=cfg.warmup_windows)
+    pwin = oracle_curves.make_windows(w, cfg.plan_window_s, rejected, end)
+    warm_floor = oracle_curves.lone_misses(i.make_backend, w, pwin, slo, suspects(w, i.profile, slo) & ~rejected)
+    warm = oracle_curves.window_curves(w, i.make_backend, slo, window_estimate(i.need, pwin), most, start="warm",
+                                       window_s=cfg.plan_window_s, floor=warm_floor, n_cap=cap_n, rejected=rejected,
+                                       end_s=end, warmup=cfg.warmup_windows)
     width = max(optimistic.n_max, warm.n_max, i.initial) + 2
-    lengths = windows.lengths.astype(float)
-    lengths[-1] = max(end - windows.edges[-2], 1e-9)
+    lengths = _lengths(windows, end)
     r_max = windows.count * (width - 1)
     draws = cold_draws(i.cold, i.seed, r_max + math.ceil(end * width / (cfg.skip_cost_s or 1.0)) + 1)
 
@@ -166,8 +167,10 @@ def run_oracle(i: OracleInputs, budget: OracleBudget | None = None) -> Any:
 
     # the feasible schedule: DP on warm curves, known draws, simulated and repaired
     plan_table = warm.table(width - 1, optimistic=False)
-    spec = Repair(plan_table.copy(), lengths, windows.edges, windows.index, i.initial, i.min_replicas,
-                  np.full(windows.count, width - 1), draws, plan_add_costs(draws, width))
+    extra = np.zeros((pwin.count, width))
+    extra[-1] = warm.tail_costs(width - 1)
+    spec = Repair(plan_table.copy(), _lengths(pwin, end), pwin.edges, pwin.index, i.initial, i.min_replicas,
+                  np.full(pwin.count, width - 1), draws, plan_add_costs(draws, width), extra)
     simulated: list[Any] = []
     runs: list[tuple[str, list[oracle_mod.PodPlan], Any]] = []
     stage = "dp"
@@ -189,7 +192,7 @@ def run_oracle(i: OracleInputs, budget: OracleBudget | None = None) -> Any:
         runs, key=lambda run: run[2].summary.get("ttft_p95") or math.inf)
     attempts = [[round(a.result.summary["gpu_hours"], 4), a.path.misses, a.late, bool(a.meets)] for a in spec.attempts]
     path = next((a.path.replicas for a in spec.attempts if a.result is result), None)
-    causal = _causal(i, stripped, windows, opt_table, plan_table, warm.floor, draws)
+    causal = _causal(i, stripped, windows, pwin, opt_table, plan_table, warm.floor, draws)
     s = result.summary
     p95 = s.get("ttft_p95")
     bound_h = bounds[SLO_SHARE].gpu_seconds / 3600.0
@@ -213,6 +216,13 @@ def run_oracle(i: OracleInputs, budget: OracleBudget | None = None) -> Any:
         **causal,
     })
     return result
+
+
+def _lengths(windows: oracle_curves.Windows, end: float) -> np.ndarray:
+    """Window lengths, the last one ending at the last arrival."""
+    lengths = windows.lengths.astype(float)
+    lengths[-1] = max(end - windows.edges[-2], 1e-9)
+    return lengths
 
 
 def _alpha_candidate(i: OracleInputs, simulate: Callable[[list[oracle_mod.PodPlan]], Any], steps: int,
@@ -255,11 +265,13 @@ def late_share(result: Any, slo_ttft_s: float) -> float | None:
     return float(np.mean(done > slo_ttft_s)) if done.size else None
 
 
-def _causal(i: OracleInputs, stripped: Any, windows: oracle_curves.Windows, opt_table: np.ndarray,
-            plan_table: np.ndarray, warm_floor: np.ndarray, draws: np.ndarray) -> dict[str, Any]:
-    """The causal envelope of ``oracle_bound``: can a reasonable causal policy meet the SLO here?"""
+def _causal(i: OracleInputs, stripped: Any, windows: oracle_curves.Windows, pwin: oracle_curves.Windows,
+            opt_table: np.ndarray, plan_table: np.ndarray, warm_floor: np.ndarray, draws: np.ndarray,
+            ) -> dict[str, Any]:
+    """The causal envelope of ``oracle_bound``: can a reasonable causal policy meet the SLO here?
+    Requirements come from the plan's (warm) windows, misses from the bound's (optimistic) ones."""
     required = oracle_bound.required_fleet(plan_table, warm_floor)
-    ready = oracle_bound.causal_ready_times(required, windows.edges, i.initial, draws)
+    ready = oracle_bound.causal_ready_times(required, pwin.edges, i.initial, draws)
     replays = 0
 
     def replay(w: int, at_start: int, later: np.ndarray) -> int:

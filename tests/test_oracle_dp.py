@@ -113,3 +113,14 @@ def test_budget_path_with_each_adds_own_cost_is_exact(draws: tuple[float, ...]) 
             best = min(best, float(np.dot(LENGTHS, path)) + add_costs(adds))
         got = budget_path(MISSES, LENGTHS, budget, start, np.array(draws), units=1000)
         assert got is not None and got.cost == pytest.approx(best), (budget, start)
+
+
+def test_extra_cost_of_a_lean_last_window_moves_the_path() -> None:
+    plain = budget_path(MISSES, LENGTHS, 45, 1, 0.0, units=1000)
+    assert plain is not None and plain.replicas[-1] == 1
+    # one replica at the end leaves a backlog that holds it 500 s longer; two drain at once
+    extra = np.zeros_like(MISSES, dtype=float)
+    extra[-1] = [0.0, 500.0, 0.0, 0.0]
+    got = budget_path(MISSES, LENGTHS, 45, 1, 0.0, units=1000, extra=extra)
+    assert got is not None and got.replicas[-1] == 2
+    assert got.cost == pytest.approx(float(np.dot(LENGTHS, got.replicas)))
