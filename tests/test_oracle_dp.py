@@ -120,7 +120,7 @@ def test_extra_cost_of_a_lean_last_window_moves_the_path() -> None:
     assert plain is not None and plain.replicas[-1] == 1
     # one replica at the end leaves a backlog that holds it 500 s longer; two drain at once
     extra = np.zeros_like(MISSES, dtype=float)
-    extra[-1] = [0.0, 500.0, 0.0, 0.0]
+    extra[-1] = [1000.0, 500.0, 0.0, 0.0]  # none or one replica at the end: a backlog to drain
     got = budget_path(MISSES, LENGTHS, 45, 1, 0.0, units=1000, extra=extra)
     assert got is not None and got.replicas[-1] == 2
     assert got.cost == pytest.approx(float(np.dot(LENGTHS, got.replicas)))
