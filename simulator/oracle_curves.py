@@ -76,14 +76,21 @@ class MissCurves:
     lean last window leaves runs on, and every pod is held until it is done)."""
 
     def tail_costs(self, n_max: int) -> np.ndarray:
-        """Replica-seconds of that tail for n in 0..n_max (a size not simulated: the next smaller one's)."""
+        """Replica-seconds of that tail for n in 0..n_max. A size not simulated takes the next smaller
+        one's tail; below the smallest, the same work done by fewer replicas: the smallest's replica-time
+        from the window's start, spread over n (a tail only grows as the fleet shrinks)."""
         out = np.zeros(n_max + 1)
         if not self.tail:
             return out
         ns = sorted(self.tail)
-        for n in range(n_max + 1):
+        length = float(self.windows.lengths[-1])
+        for n in range(1, n_max + 1):
             below = [m for m in ns if m <= n]
-            out[n] = n * self.tail[below[-1] if below else ns[0]]
+            if below:
+                out[n] = n * self.tail[below[-1]]
+            else:
+                out[n] = max(ns[0] * (length + self.tail[ns[0]]) - n * length, n * self.tail[ns[0]])
+        out[0] = out[1] if n_max >= 1 else 0.0
         return out
 
     @property

@@ -201,6 +201,10 @@ def repair(spec: Repair, budget: int, simulate: Callable[[list[PodPlan]], Any],
         attempt = Attempt(path, result, meets, late, plans)
         spec.attempts.append(attempt)
         correct(spec.table, path.replicas, late_by_window(result, spec.window_of, k, slo_ttft_s))
+        if spec.extra is not None:  # the run's own tail past the last arrival, for its last fleet and below
+            n_last = int(path.replicas[-1])
+            tail = max(0.0, float(result.summary.get("duration_s") or 0.0) - float(spec.edges[-2] + spec.lengths[-1]))
+            spec.extra[-1, : n_last + 1] = np.maximum(spec.extra[-1, : n_last + 1], n_last * tail)
         stale += best is not None
         if meets and (best is None or result.summary["gpu_hours"] < best.result.summary["gpu_hours"]):
             best, stale = attempt, 0
