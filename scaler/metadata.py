@@ -26,8 +26,9 @@ from scaler.metadata_values import LABEL_NAME, Problem, Reader
 from scaler.sources.base import RESERVED_LABELS
 
 EXPLICIT_CAPACITY_KEYS = ("prefillTokensPerSecond", "decodeTokensPerSecond", "maxNumSeqs", "kvCacheTokens")
-OPTIONAL_CAPACITY_KEYS = ("prefillAttentionTokens",)
-"""With the explicit keys only: K of ``ReplicaCapacity.prefill_attention_tokens`` (a profile carries its own)."""
+OPTIONAL_CAPACITY_KEYS = ("prefillAttentionTokens", "decodeContextTokens")
+"""With the explicit keys only: K of ``ReplicaCapacity.prefill_attention_tokens`` and K_d of
+``decode_context_tokens`` (a profile carries its own)."""
 CORE_KEYS = (
     "model", "prometheusAddress", "profile", *EXPLICIT_CAPACITY_KEYS, *OPTIONAL_CAPACITY_KEYS, "ttftSeconds",
     "targetUtilization", "leadTime", "scaleDownDelay", "minReplicas", "maxReplicas", "activationQuery",
@@ -48,7 +49,8 @@ CORE_POLICY_FIELDS = {
 # policy tunables a trigger may set: metadata key -> (PolicyConfig field, type); declared here, not derived,
 # so every key is documented and a new policy field becomes a key only when someone adds (and documents) it
 POLICY_TUNABLES: dict[str, tuple[str, type]] = {
-    "backlogDrainSeconds": ("backlog_drain_s", float), "trendWindowSeconds": ("trend_window_s", float),
+    "backlogDrainSeconds": ("backlog_drain_s", float), "headroomQuantile": ("headroom_quantile", float),
+    "headroomHistorySeconds": ("headroom_history_s", float), "trendWindowSeconds": ("trend_window_s", float),
     "trendConfidence": ("trend_confidence", float),
 }
 
@@ -79,7 +81,7 @@ class ScalerConfig:
     profile: str | None = None
     prometheus_address: str | None = None
     ttft_s: float = 2.0
-    target_utilization: float = 0.8
+    target_utilization: float = 1.0
     lead_time_s: float = 180.0
     lead_time_auto: bool = False
     scale_down_delay_s: float = 300.0
@@ -162,9 +164,10 @@ def _capacity(reader: Reader, ttft_s: float | None) -> tuple[ReplicaCapacity | N
     seqs = reader.number("maxNumSeqs", None, low=1, required=True, kind="integer")
     kv = reader.number("kvCacheTokens", None, low=1, required=True, kind="integer")
     attention = reader.number("prefillAttentionTokens", None, low=0.0, low_open=True)
+    context = reader.number("decodeContextTokens", None, low=0.0, low_open=True)
     if None in (prefill, decode, seqs, kv):
         return None, None
-    return ReplicaCapacity(prefill, decode, seqs, kv, attention), None  # type: ignore[arg-type]
+    return ReplicaCapacity(prefill, decode, seqs, kv, attention, context), None  # type: ignore[arg-type]
 
 
 def _label_name_problem(name: str) -> str | None:
@@ -232,7 +235,7 @@ def _parse(given: Mapping[str, str]) -> ScalerConfig:
     model = reader.text("model", required=True)
     prometheus_address = reader.url("prometheusAddress")
     ttft = reader.number("ttftSeconds", 2.0, low=0.0, low_open=True, high=3600.0)
-    utilization = reader.number("targetUtilization", 0.8, low=0.0, low_open=True, high=1.0)
+    utilization = reader.number("targetUtilization", 1.0, low=0.0, low_open=True, high=1.0)
     lead_auto = raw.get("leadTime", "").strip().lower() == "auto"
     lead = 180.0 if lead_auto else reader.number("leadTime", 180.0, 0.0, 86400.0, kind="duration", extra="or 'auto'")
     delay = reader.number("scaleDownDelay", 300.0, 0.0, 7 * 86400.0, kind="duration")

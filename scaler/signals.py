@@ -38,6 +38,9 @@ class Signals:
     ttft_buckets: tuple[tuple[float, float], ...] | None = None
     """rate() of vllm:time_to_first_token_seconds buckets summed over replicas: ((le, per s), ...),
     cumulative, ``inf`` last; the policy reads the share of first tokens later than its SLO."""
+    prefix_cache_hit_share: float | None = None
+    """rate(vllm:prefix_cache_hits_total) / rate(vllm:prefix_cache_queries_total): the share of prompt
+    tokens the prefix cache served over the rate window (their prefill is not recomputed); 0..1."""
     waiting_tokens: float | None = None
     """Exact prompt tokens waiting, when a gateway or the simulator knows them; else estimated."""
     kv_cache_usage: float | None = None

@@ -96,6 +96,8 @@ def profile_keys(profile: Any, slo_ttft_s: float) -> str | dict[str, str]:
             "maxNumSeqs": str(capacity.max_num_seqs), "kvCacheTokens": str(capacity.kv_cache_tokens)}
     if capacity.prefill_attention_tokens is not None:
         keys["prefillAttentionTokens"] = repr(float(capacity.prefill_attention_tokens))
+    if capacity.decode_context_tokens is not None:
+        keys["decodeContextTokens"] = repr(float(capacity.decode_context_tokens))
     return keys
 
 

@@ -83,6 +83,7 @@ def group_queries(models: Sequence[str], matchers: dict[str, list[str]], window_
         "mean_output_tokens": mean("vllm:request_generation_tokens"),
         "prompt_length_buckets": buckets(histograms.PROMPT_HISTOGRAM),
         "ttft_buckets": buckets(histograms.TTFT_HISTOGRAM),
+        "prefix_cache_hit_share": f"{rate('vllm:prefix_cache_hits_total')} / {rate('vllm:prefix_cache_queries_total')}",
         "kv_cache_usage": f"avg by ({by}) (avg by ({by}, instance) (vllm:kv_cache_usage_perc{{{selector}}}))",
         "newest_sample": f"max by ({by}) (timestamp(vllm:num_requests_running{{{selector}}}))",
     }
@@ -230,6 +231,7 @@ class PrometheusSource:
                 self._buckets(tables["prompt_length_buckets"], key), optional("mean_prompt_tokens")),
             ttft_buckets=tuple(sorted(self._buckets(tables["ttft_buckets"], key).items())) or None,
             kv_cache_usage=optional("kv_cache_usage", lambda v: min(v, 1.0)),
+            prefix_cache_hit_share=optional("prefix_cache_hit_share", lambda v: min(v, 1.0)),
             activation_value=activation,
             data_age_s=age,
         )

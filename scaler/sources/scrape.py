@@ -45,6 +45,8 @@ COUNTERS = {
     "vllm:request_prompt_tokens_count": "prompt_count",
     "vllm:request_generation_tokens_sum": "output_sum",
     "vllm:request_generation_tokens_count": "output_count",
+    "vllm:prefix_cache_queries_total": "cache_queries",
+    "vllm:prefix_cache_hits_total": "cache_hits",
 }
 CREATED = {"vllm:prompt_tokens_created", "vllm:generation_tokens_created"}
 GAUGES = {"vllm:num_requests_waiting": "waiting", "vllm:num_requests_running": "running",
@@ -230,6 +232,8 @@ class ScrapeSource:
                 else None),
             ttft_buckets=tuple(sorted(_buckets(rates, "ttft_le=").items())) or None,
             kv_cache_usage=min(1.0, math.fsum(kv) / len(kv)) if kv else None,
+            prefix_cache_hit_share=(min(1.0, rates["cache_hits"] / rates["cache_queries"])
+                                    if rates["cache_queries"] > 0 else None),
             data_age_s=max(0.0, now - min(pod.history[-1][0] for pod in ready)),
         )
 
