@@ -193,7 +193,7 @@ def search_space(cold_start: str) -> dict[str, tuple[float, float, float]]:
 
     horizon = max(60.0, 5.0 * round(3.0 * as_cold_start(cold_start).mean() / 5.0))
     return {
-        "target_utilization": (0.5, 0.95, 0.01),
+        "headroom_quantile": (0.5, 0.95, 0.01),
         "lead_time_s": (0.0, horizon, 5.0),
         "backlog_drain_s": (10.0, 300.0, 5.0),
         "scale_down_delay_s": (0.0, 1200.0, 15.0),
