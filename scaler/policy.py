@@ -214,6 +214,18 @@ def _work_per_waiting_token(signals: Signals, cap: ReplicaCapacity, prefill_fact
     return _clip(work)
 
 
+def _growth(waiting: window.Samples, now_tokens: float, now: float, over_s: float) -> float:
+    """Growth of the waiting tokens over the last ``over_s`` (tokens/s, signed); 0 without that much
+    history, except that a young history spanning half of it is used from its oldest sample."""
+    past_t = now - over_s
+    past = window.value_at(waiting, past_t)
+    if past is None and waiting and now - waiting[0][0] >= over_s / 2:
+        past_t, past = waiting[0]
+    if past is None or now <= past_t:
+        return 0.0
+    return (now_tokens - past) / (now - past_t)
+
+
 def _track_starting(previous: tuple[float, ...], starting: int, now: float) -> tuple[float, ...]:
     """FIFO of first-seen times: replicas that became ready are assumed to be the oldest ones."""
     kept = previous[len(previous) - starting:] if len(previous) > starting else previous
@@ -242,23 +254,22 @@ def decide(signals: Signals, state: PolicyState, config: PolicyConfig, now: floa
     served = _clip(prompt_tps * prefill_factor_uncached / cap.prefill_tokens_per_s
                    + generation_tps * decode_factor / cap.decode_tokens_per_s)
     work_per_token = _work_per_waiting_token(signals, cap, prefill_factor_uncached, decode_factor)
-    growth_tps = 0.0
-    past_t = now - config.rate_window_s
-    past = window.value_at(state.waiting, past_t)
-    if past is None and state.waiting and now - state.waiting[0][0] >= config.rate_window_s / 2:
-        past_t, past = state.waiting[0]  # young history: the oldest sample if it spans half the window
-    if past is not None:
-        growth_tps = (waiting_tokens - past) / (now - past_t)
-    nominal = _clip(served + max(-BIG, min(growth_tps, BIG)) * work_per_token)
+    # a request's TTFT is its wait plus its own prefill: only what the prefill leaves of the SLO may be spent waiting
+    own_prefill_s = _clip((prompt_length or 0.0) * prefill_factor_uncached / cap.prefill_tokens_per_s)
+    wait_budget_s = max(config.ttft_slo_s - own_prefill_s, config.ttft_slo_s * MIN_WAIT_SHARE)
     nominal_backlog = _clip(waiting_tokens * work_per_token)
+    growth_tps = _growth(state.waiting, waiting_tokens, now, config.rate_window_s)
+    # a backlog that alone makes first tokens late is a surge, and a rate window lags it by half its length:
+    # read its growth over the last quarter window too (Knative's panic window), the larger wins
+    surging = nominal_backlog > wait_budget_s * max(signals.ready_replicas, 1)
+    if surging:
+        growth_tps = max(growth_tps, _growth(state.waiting, waiting_tokens, now, config.rate_window_s / 4))
+    nominal = _clip(served + max(-BIG, min(growth_tps, BIG)) * work_per_token)
     waiting_samples = window.push(state.waiting, now, waiting_tokens, config.rate_window_s * 1.5)
     recent_waiting = window.since(waiting_samples, now - config.rate_window_s)
     mean_queue = _clip(sum(v for _, v in recent_waiting) / len(recent_waiting) * work_per_token)
 
     # 2. what a replica really delivers (one rule, from past windows only: scaler.efficiency)
-    # a request's TTFT is its wait plus its own prefill: only what the prefill leaves of the SLO may be spent waiting
-    own_prefill_s = _clip((prompt_length or 0.0) * prefill_factor_uncached / cap.prefill_tokens_per_s)
-    wait_budget_s = max(config.ttft_slo_s - own_prefill_s, config.ttft_slo_s * MIN_WAIT_SHARE)
     measured_late = (histograms.share_above(dict(signals.ttft_buckets), config.ttft_slo_s)
                      if signals.ttft_buckets else None)
     queue_wait_s = min(mean_queue / served, BIG) if served > 0 else 0.0
@@ -322,6 +333,7 @@ def decide(signals: Signals, state: PolicyState, config: PolicyConfig, now: floa
         "decode_cost_factor": decode_factor,
         "served_replicas": served,
         "backlog_growth_tokens_per_s": max(-BIG, min(growth_tps, BIG)),
+        "surging": 1.0 if surging else 0.0,
         "nominal_demand_replicas": nominal,
         "efficiency": seen.efficiency,
         "load_per_replica": _clip(seen.load_per_replica),
