@@ -76,13 +76,13 @@ class PolicyConfig:
     activation_threshold: float = 0.0
     backlog_drain_s: float = 60.0
     """Seconds in which a backlog left when new replicas arrive should be cleared."""
-    headroom_quantile: float = 0.75
+    headroom_quantile: float = 0.9
     """Quantile of past lead-time rises of demand the fleet carries (the conformal level)."""
     headroom_history_s: float = 3600.0
     """Seconds of demand history whose lead-time rises size the headroom."""
     prior_rise: float = 0.25
     """Relative rise assumed before the history holds ``prior_horizons`` horizons."""
-    prior_horizons: int = 20
+    prior_horizons: int = 5
     """Pseudo-observations of ``prior_rise`` (five minutes of 15 s samples), fading with evidence."""
     trend_window_s: float = 600.0
     """Seconds of demand history behind the trend of the forecast."""

@@ -16,34 +16,39 @@ def series(values: list[float], spacing: float = 15.0) -> tuple[tuple[float, flo
     return tuple((i * spacing, v) for i, v in enumerate(values))
 
 
-def test_rises_are_the_peak_of_each_complete_horizon_above_its_start() -> None:
+def test_rises_are_every_later_moment_of_each_complete_horizon_against_its_start() -> None:
     history = series([2.0, 3.0, 2.0, 4.0, 2.0, 2.0])
-    # horizons of 30 s: [0, 30] peaks at 3, [15, 45] at 4, [30, 60] at 4, [45, 75] at its start 4 (a
-    # fall is no rise: demand now is covered by any fleet sized for it); the last two have no complete
-    # horizon yet
-    assert horizon_rises(history, 30.0).tolist() == pytest.approx([0.5, 1 / 3, 1.0, 0.0])
+    # horizons of 30 s from t = 0, 15, 30, 45 (the last two samples have none complete yet): lag 0 is 0
+    # for each, then one and two samples later, relative to the start
+    rises = sorted(horizon_rises(history, 30.0).tolist())
+    expected = sorted([0.0] * 4 + [(3 - 2) / 2, (2 - 3) / 3, (4 - 2) / 2, (2 - 4) / 4]
+                      + [(2 - 2) / 2, (4 - 3) / 3, (2 - 2) / 2, (2 - 4) / 4])
+    assert rises == pytest.approx(expected)
 
 
 def test_below_one_replica_rises_count_in_replicas_and_a_trend_is_subtracted() -> None:
     history = series([0.2, 1.2, 1.2])
-    assert horizon_rises(history, 15.0).tolist() == pytest.approx([1.0, 0.0])  # (1.2 - 0.2) / max(0.2, 1)
-    slopes = ((0.0, 1 / 30), (15.0, 0.0))  # a forecast that expected +0.5 over the 15 s horizon
-    assert horizon_rises(history, 15.0, slopes).tolist() == pytest.approx([0.5, 0.0])
+    assert sorted(horizon_rises(history, 15.0).tolist()) == pytest.approx([0.0, 0.0, 0.0, 1.0])
+    slopes = ((0.0, 1 / 30), (15.0, 0.0))  # a forecast that expected +0.5 over the 15 s to the next sample
+    assert sorted(horizon_rises(history, 15.0, slopes).tolist()) == pytest.approx([0.0, 0.0, 0.0, 0.5])
 
 
 def test_only_horizons_from_comparable_levels_count() -> None:
     history = series([1.0, 8.0, 8.0, 8.0, 8.0])
     assert horizon_rises(history, 15.0).max() == pytest.approx(7.0)
-    assert horizon_rises(history, 15.0, level=8.0).tolist() == pytest.approx([0.0, 0.0, 0.0])
+    assert horizon_rises(history, 15.0, level=8.0).max() == pytest.approx(0.0)
 
 
 def test_headroom_pools_a_prior_that_one_event_cannot_overrule() -> None:
-    quiet = series([5.0] * 120)
-    assert lead_time_headroom(quiet, (), 60.0, 5.0, 0.75, 0.25, 20).rise == 0.0
-    step = series([5.0] * 20 + [9.0] * 10)  # one jump: 4 of 26 horizons saw it, with 20 prior ones
-    head = lead_time_headroom(step, (), 60.0, 5.0, 0.75, 0.25, 20)
-    assert head.rise == pytest.approx(0.25) and head.horizons == 26
-    assert lead_time_headroom((), (), 60.0, 5.0, 0.75, 0.25, 0).rise == 0.25  # nothing at all: the prior
+    quiet = series([5.0] * 240)  # an hour of evidence outweighs the prior
+    assert lead_time_headroom(quiet, (), 60.0, 5.0, 0.9, 0.25, 20).rise == 0.0
+    step = series([5.0] * 20 + [9.0] * 10)  # one jump in a short history: the prior's 80 values hold q 0.9
+    head = lead_time_headroom(step, (), 60.0, 5.0, 0.9, 0.25, 20)
+    assert head.rise == pytest.approx(0.25)
+    # the jump is 10 of the 130 moments the 26 horizons hold: beyond q 0.9, within q 0.95
+    assert lead_time_headroom(step, (), 60.0, 5.0, 0.9, 0.25, 0).rise == 0.0
+    assert lead_time_headroom(step, (), 60.0, 5.0, 0.95, 0.25, 0).rise == pytest.approx(0.8)
+    assert lead_time_headroom((), (), 60.0, 5.0, 0.9, 0.25, 0).rise == 0.25  # nothing at all: the prior
 
 
 @settings(max_examples=100, deadline=None)
