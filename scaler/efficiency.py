@@ -16,9 +16,11 @@ exponential queue wait with the measured mean would put past the waiting budget)
   capacity: ``e`` drops by ``STEP`` (multiplicative decrease). Lateness at a lighter load (prompts
   whose own prefill nearly fills the SLO, sub-second bursts) is not what capacity fixes, so it
   teaches nothing: it can grow the fleet by at most ``1 / LOADED``, never without bound.
-- **calm** (``late <= TAIL_SHARE / 2``) at a load above the estimate (``rho > e``): a replica just
-  showed it can do more, so ``e`` rises, by at most ``STEP`` and never past ``rho`` itself (the
-  estimate follows the evidence; it never probes loads nobody has tried).
+- **calm** (``late <= TAIL_SHARE / 2``): a replica just carried ``rho`` within the SLO, so ``e`` may
+  rise to one step past that load, ``min((1 + STEP) e, (1 + STEP) rho)``, and never lower it: the
+  estimate probes one step beyond the evidence, never loads nobody has come near (an unbounded
+  probe overshoots the real edge and leaves the fleet short for a whole lead time). A bursty
+  workload's calm peaks are that evidence.
 - otherwise ``e`` stays.
 
 The policy divides modelled demand by ``e`` and adds the KV ledger (``kv_replicas``: the fleet's KV
@@ -109,8 +111,8 @@ def assess(memory: CapacityMemory, signals: Signals, served: float, late_share: 
             learned = efficiency * (1.0 - STEP)
     elif steady and late_share is not None and late_share <= TAIL_SHARE / 2:
         verdict = "calm"
-        if rho > efficiency:
-            learned = min(efficiency * (1.0 + STEP), rho)
+        # a replica just carried rho calmly: the estimate may reach one step past that, and no further
+        learned = max(efficiency, min(efficiency * (1.0 + STEP), rho * (1.0 + STEP)))
     elif steady:
         verdict = "edge"
     learned = min(max(learned, MIN_EFFICIENCY), MAX_EFFICIENCY)

@@ -57,12 +57,15 @@ def test_late_at_a_light_load_teaches_nothing() -> None:
     assert memory.efficiency == 1.0
 
 
-def test_calm_above_the_estimate_rises_toward_the_evidence_and_no_further() -> None:
+def test_calm_probes_one_step_past_the_load_carried_and_no_further() -> None:
     lowered = feed(300, served=3.2, late=0.2)  # down to 0.9 ** 5 = 0.59
-    # now calm while each replica carries 0.7: the estimate follows, but never past 0.7
+    # now calm while each replica carries 0.7: the estimate follows, to one step past 0.7 and no further
     recovered = feed(1200, served=2.8, late=0.0, memory=lowered, start=1000.0)
-    assert recovered.efficiency == pytest.approx(0.7)
-    # calm below the estimate says nothing: a replica that was never pushed shows no capacity
+    assert recovered.efficiency == pytest.approx(0.7 * (1 + STEP))
+    # calm at 0.95 of the estimate: one step up per window, bounded by 1.1 x 0.95 x ... of the evidence
+    loaded = feed(1200, served=3.8, late=0.0)  # 0.95 a replica
+    assert loaded.efficiency == pytest.approx(0.95 * (1 + STEP))
+    # calm at a light load says nothing: a replica that was never pushed shows no capacity
     assert feed(1200, served=2.0, late=0.0).efficiency == 1.0
 
 
