@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from scaler import evaluator_kube
+from scaler.engine_limits import EngineLimitMissing
 from scaler.evaluator_kube import KubeObserver
 from scaler.metadata import MetadataError, Problem, ScalerConfig, parse_metadata
 from scaler.signals import Signals
@@ -47,6 +48,16 @@ FIRST_CALL_GATHER_S = 0.02
 
 class Unavailable(Exception):
     """No trustworthy decision for this object now; the service answers UNAVAILABLE."""
+
+
+def _describe(key: SourceKey) -> str:
+    """Where a source's numbers come from, for messages."""
+    kind, where = key
+    if kind == "prometheus":
+        return f"Prometheus {where}"
+    if kind == "scrape":
+        return "the pods' /metrics (" + ", ".join(where) + ")"
+    return "the pods the Kubernetes observer found (" + "/".join(where) + ")"
 
 
 def default_source_factory(key: SourceKey) -> SignalSource:
@@ -75,7 +86,8 @@ class _Entry:
     """Our clock's time of the data behind ``decision``."""
     error: str | None = None
     policy_config: Any = None
-    policy_bounds: tuple[int | None, int | None] = (None, None)
+    policy_bounds: Any = None
+    """The (min, max) bounds and capacity ``policy_config`` was built for."""
     evaluated: threading.Event = field(default_factory=threading.Event)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -293,8 +305,14 @@ class Evaluator:
             except Exception as exc:
                 self._kube_failed(entry, "observe", exc)
         signals, bounds = merged.signals, (merged.min_replicas, merged.max_replicas)
-        if entry.policy_config is None or entry.policy_bounds != bounds:
-            entry.policy_config, entry.policy_bounds = entry.config.policy_config(*bounds), bounds
+        try:  # engine limits the metadata leaves open come from this snapshot (scaler.engine_limits)
+            capacity = entry.config.replica_capacity(signals, _describe(entry.source_key))
+        except EngineLimitMissing as exc:
+            self._fail(entry, str(exc), "source")
+            return
+        if entry.policy_config is None or entry.policy_bounds != (bounds, capacity):
+            entry.policy_config = entry.config.policy_config(*bounds, capacity=capacity)
+            entry.policy_bounds = (bounds, capacity)
         config = entry.policy_config
         # only one evaluation of an entry runs at a time (rounds skip entries whose first one is running)
         state = entry.state if entry.state is not None else self._policy.PolicyState()

@@ -64,7 +64,8 @@ class Settings:
 
     def __post_init__(self) -> None:
         problems = []
-        checks = (("headroom_quantile", 0.01, 0.99), ("target_utilization", 0.0, 1.0), ("lead_time_s", 0.0, 86400.0), ("backlog_drain_s", 1e-9, 1e6),
+        checks = (("headroom_quantile", 0.01, 0.99), ("target_utilization", 0.0, 1.0), ("lead_time_s", 0.0, 86400.0),
+                  ("backlog_drain_s", 1e-9, 1e6),
                   ("scale_down_delay_s", 0.0, 7 * 86400.0), ("scale_up_pods", 1, 1000), ("scale_down_pods", 1, 1000),
                   ("scale_down_period_s", 1, 1800), ("scale_down_window_s", 0, 3600), ("tolerance", 0.0, 0.99))
         for name, low, high in checks:
