@@ -39,7 +39,8 @@ OPTIONAL_CAPACITY_KEYS = ("prefillAttentionTokens", "decodeContextTokens")
 CORE_KEYS = (
     "model", "prometheusAddress", "profile", *EXPLICIT_CAPACITY_KEYS, *OPTIONAL_CAPACITY_KEYS, "ttftSeconds",
     "targetUtilization", "leadTime", "scaleDownDelay", "minReplicas", "maxReplicas", "activationQuery",
-    "activationThreshold", "namespaceLabel", "labelSelector", "rateWindow", "scrapeTargets",
+    "activationThreshold", "namespaceLabel", "labelSelector", "rateWindow", "scrapeTargets", "trafficWeight",
+    "routeSelector",
 )
 # KEDA's own external-scaler keys: KEDA forwards the whole trigger metadata, these included
 KEDA_KEYS = ("scalerAddress", "enableTLS", "unsafeSsl", "caCert", "tlsCertFile", "tlsClientCert", "tlsClientKey")
@@ -106,6 +107,10 @@ class ScalerConfig:
     """Extra ``PolicyConfig`` fields set from metadata, as (field name, value)."""
     capacity_keys: CapacityKeys | None = None
     """The explicit capacity keys (None with a profile); unset limits come from the engine."""
+    traffic_weight: float | None = None
+    """This Deployment's share of its route, 0..1 (``trafficWeight`` / 100); None: not part of a route."""
+    route_selector: tuple[tuple[str, str], ...] = ()
+    """Label matchers selecting every version's series of the route (``routeSelector``)."""
 
     @functools.cached_property
     def metric_name(self) -> str:
@@ -148,13 +153,22 @@ class ScalerConfig:
 
     def target(self, namespace: str | None = None) -> Any:
         """What the sources measure; ``namespace`` (the ScaledObject's) fills ``namespaceLabel``."""
+        return self._target(self.label_selector, namespace, self.activation_query)
+
+    def route_target(self, namespace: str | None = None) -> Any:
+        """The whole route's series (every version), or None when this trigger is not part of a route."""
+        if self.traffic_weight is None:
+            return None
+        return self._target(self.route_selector, namespace, None)
+
+    def _target(self, selector: tuple[tuple[str, str], ...], namespace: str | None, activation: str | None) -> Any:
         from scaler.sources.base import Target
 
-        matchers = dict(self.label_selector)
+        matchers = dict(selector)
         if self.namespace_label and namespace:
             matchers[self.namespace_label] = namespace
         return Target(model=self.model, prometheus_address=self.prometheus_address,
-                      label_matchers=tuple(sorted(matchers.items())), activation_query=self.activation_query,
+                      label_matchers=tuple(sorted(matchers.items())), activation_query=activation,
                       rate_window_s=self.rate_window_s)
 
 
@@ -208,30 +222,56 @@ def _label_name_problem(name: str) -> str | None:
     return None
 
 
-def _labels(reader: Reader) -> tuple[str | None, tuple[tuple[str, str], ...]]:
-    namespace_label = reader.text("namespaceLabel")
-    why = _label_name_problem(namespace_label) if namespace_label is not None else None
-    if why:
-        reader.problem("namespaceLabel", namespace_label, why)
+def _selector(reader: Reader, key: str, namespace_label: str | None) -> tuple[tuple[str, str], ...]:
+    """``name=value,name2=value2`` of ``key`` as sorted pairs (problems recorded under ``key``)."""
     pairs: dict[str, str] = {}
-    selector = reader.text("labelSelector")
+    selector = reader.text(key)
     for item in (selector or "").split(","):
         if not item.strip():
             continue
         name, sep, value = item.partition("=")
         name, value = name.strip(), value.strip()
         if not sep or not LABEL_NAME.fullmatch(name) or not value or name in pairs:
-            reader.problem("labelSelector", selector, "comma-separated name=value pairs, label names unique and "
-                                                      "matching [a-zA-Z_][a-zA-Z0-9_]*, values non-empty")
+            reader.problem(key, selector, "comma-separated name=value pairs, label names unique and "
+                                          "matching [a-zA-Z_][a-zA-Z0-9_]*, values non-empty")
             break
         why = _label_name_problem(name)
         if why:
-            reader.problem("labelSelector", selector, f"label {name!r} not allowed: want {why}")
+            reader.problem(key, selector, f"label {name!r} not allowed: want {why}")
             break
         pairs[name] = value
     if namespace_label and namespace_label in pairs:
-        reader.problem("labelSelector", selector, f"no matcher on {namespace_label!r} (namespaceLabel sets it)")
-    return namespace_label, tuple(sorted(pairs.items()))
+        reader.problem(key, selector, f"no matcher on {namespace_label!r} (namespaceLabel sets it)")
+    return tuple(sorted(pairs.items()))
+
+
+def _labels(reader: Reader) -> tuple[str | None, tuple[tuple[str, str], ...]]:
+    namespace_label = reader.text("namespaceLabel")
+    why = _label_name_problem(namespace_label) if namespace_label is not None else None
+    if why:
+        reader.problem("namespaceLabel", namespace_label, why)
+    return namespace_label, _selector(reader, "labelSelector", namespace_label)
+
+
+def _route(reader: Reader, namespace_label: str | None, own: tuple[tuple[str, str], ...],
+           scrape_targets: tuple[str, ...]) -> tuple[float | None, tuple[tuple[str, str], ...]]:
+    """``trafficWeight`` (percent -> share) and ``routeSelector``: both or neither (scaler.route)."""
+    weight = reader.number("trafficWeight", None, 0.0, 100.0)
+    route = _selector(reader, "routeSelector", namespace_label)
+    given_weight, given_route = bool(reader.raw.get("trafficWeight", "").strip()), bool(route)
+    if given_weight != given_route:
+        missing = "routeSelector" if given_weight else "trafficWeight"
+        present = "trafficWeight" if given_weight else "routeSelector"
+        reader.problem(missing, None, f"set together with {present} (a Deployment's share of a route needs both: "
+                                      "its weight in percent and the label matchers of every version's pods)")
+    if given_route and route == own:
+        reader.problem("routeSelector", reader.raw.get("routeSelector"),
+                       "matchers of every version's pods, not the same as labelSelector (this version's)")
+    if given_weight and scrape_targets:
+        reader.problem("trafficWeight", reader.raw.get("trafficWeight"),
+                       "only with Prometheus: the route is read through routeSelector's label matchers, which "
+                       "scrapeTargets cannot apply")
+    return (weight / 100.0 if weight is not None and given_route else None), route
 
 
 def _resolve_keys(given: Mapping[str, str], known: tuple[str, ...], problems: list[Problem]) -> dict[str, str]:
@@ -279,6 +319,7 @@ def _parse(given: Mapping[str, str]) -> ScalerConfig:
         reader.problem("activationThreshold", raw["activationThreshold"], "set only together with activationQuery")
     namespace_label, selector = _labels(reader)
     scrape_targets = reader.url_list("scrapeTargets")
+    traffic_weight, route_selector = _route(reader, namespace_label, selector, scrape_targets)
     capacity, profile = _capacity(reader, ttft)
     tunables = []
     for key, (field_name, kind) in sorted(tunable_specs.items()):
@@ -294,7 +335,8 @@ def _parse(given: Mapping[str, str]) -> ScalerConfig:
         target_utilization=utilization, lead_time_s=lead, lead_time_auto=lead_auto, scale_down_delay_s=delay,
         min_replicas=low, max_replicas=high, activation_query=activation_query, activation_threshold=threshold,
         namespace_label=namespace_label, label_selector=selector, rate_window_s=window,
-        scrape_targets=scrape_targets, tunables=tuple(tunables),
+        scrape_targets=scrape_targets, tunables=tuple(tunables), traffic_weight=traffic_weight,
+        route_selector=route_selector,
     )
     _check_policy(config, raw, {field: key for key, (field, _) in tunable_specs.items()})
     return config
