@@ -224,6 +224,7 @@ def default_point(space: dict[str, tuple[float, float, float]]) -> dict[str, Any
 _INPUTS: TuneInputs | None = None
 _WINDOWS: dict[str, Any] = {}
 _STARTS: dict[tuple[str, int], int] = {}
+_GRACES: dict[tuple[str, int], float] = {}
 
 
 def _init(inputs: TuneInputs) -> None:
@@ -231,11 +232,12 @@ def _init(inputs: TuneInputs) -> None:
     _INPUTS = inputs
     _WINDOWS.clear()
     _STARTS.clear()
+    _GRACES.clear()
 
 
 def _job(job: tuple[Settings | str, str, int, bool]) -> tuple[dict[str, Any], Any]:
     """Run ``job`` = (settings or baseline name, window, seed, keep full result) in this process."""
-    from simulator.autoscale import run_autoscaled, starting_fleet
+    from simulator.autoscale import default_drain_grace, run_autoscaled, starting_fleet
 
     assert _INPUTS is not None, "_init() first"
     what, window, seed, keep = job
@@ -249,9 +251,12 @@ def _job(job: tuple[Settings | str, str, int, bool]) -> tuple[dict[str, Any], An
         _STARTS[window, seed] = starting_fleet(_WINDOWS[window], i.profile, i.slo_ttft_s, seed,
                                                min_replicas=i.min_replicas, max_replicas=i.max_replicas,
                                                backend_options=options)
+        _GRACES[window, seed] = default_drain_grace(_WINDOWS[window], i.profile, i.slo_ttft_s, seed, options,
+                                                    _STARTS[window, seed])
     result = run_autoscaled(_WINDOWS[window], i.profile, policy, i.cold_start, i.slo_ttft_s, seed,
                             min_replicas=i.min_replicas, max_replicas=i.max_replicas,
-                            initial_replicas=_STARTS[window, seed], backend_options=options)
+                            initial_replicas=_STARTS[window, seed], backend_options=options,
+                            drain_grace_s=_GRACES[window, seed])
     summary = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in result.summary.items()}
     return summary, (result if keep else None)
 
