@@ -31,25 +31,29 @@ def load(replicas: float, ready: int, at: float = 0.0) -> Signals:
                    requests_waiting=0.0, requests_running=20.0 * ready if replicas else 0.0, ready_replicas=ready)
 
 
-@pytest.mark.parametrize(("weight", "need", "others", "floor"), [
-    (1.0, 10, 0, 10.0),   # the only version: all of it
-    (0.0, 10, 10, 0.0),   # a canary at 0 %: nothing
-    (0.1, 10, 10, 1.0),   # a canary's share; the stable covers the rest
-    (0.9, 10, 0, 10.0),   # stable while the canary has no Ready pod: keeps the canary's share too
-    (0.5, 10, 2, 8.0),    # canary Ready for 2 of its 5: the stable covers the other 3
-    (0.5, 10, 9, 5.0),    # the others hold more than their share: only mine
-], ids=["only", "canary-zero", "canary-share", "stable-canary-not-ready", "stable-partial", "stable-covered"])
-def test_share_floor(weight: float, need: float, others: float, floor: float) -> None:
-    assert share_floor(weight, need, others) == pytest.approx(floor)
+@pytest.mark.parametrize(("weight", "need", "others", "own", "floor"), [
+    (1.0, 10, 0, 10, 10.0),   # the only version: all of it
+    (0.0, 10, 10, 0, 0.0),    # a canary at 0 %: nothing
+    (0.1, 10, 10, 0, 1.0),    # a canary's share; the stable covers the rest
+    (0.9, 10, 0, 10, 10.0),   # stable while the canary has no Ready pod: keeps the canary's share too
+    (0.5, 10, 2, 10, 8.0),    # canary Ready for 2 of its 5: the stable keeps the other 3
+    (0.5, 10, 9, 10, 5.0),    # the others hold more than their share: only mine
+    (0.9, 10, 0, 9, 9.0),     # keeps what it has for the canary's share, never grows for it
+    (0.0, 10, 7, 0, 0.0),     # the stable is short: a 0 % canary does not start pods for it
+], ids=["only", "canary-zero", "canary-share", "stable-canary-not-ready", "stable-partial", "stable-covered",
+        "keeps-not-grows", "no-growth-for-others"])
+def test_share_floor(weight: float, need: float, others: float, own: float, floor: float) -> None:
+    assert share_floor(weight, need, others, own) == pytest.approx(floor)
 
 
-@given(st.floats(0, 1), st.floats(0, 1000), st.floats(0, 1000))
-def test_the_floors_of_two_versions_cover_the_route(weight: float, need: float, stable_ready: float) -> None:
-    """Whatever the weights and Ready pods, stable + canary floors never leave the route short."""
-    canary = share_floor(weight, need, stable_ready)
-    stable = share_floor(1 - weight, need, 0.0)  # the canary has no Ready pod yet
-    assert stable >= need - 1e-6
-    assert canary + min(stable_ready, need) >= weight * need - 1e-6
+@given(st.floats(0, 1), st.floats(0, 1000), st.floats(0, 1000), st.floats(0, 1000))
+def test_a_version_holds_its_share_and_only_keeps_more(weight: float, need: float, others: float,
+                                                       own: float) -> None:
+    floor = share_floor(weight, need, others, own)
+    assert floor >= weight * need - 1e-6  # its share, whatever it has
+    assert floor <= max(weight * need, own) + 1e-6  # beyond its share only what it already has
+    if own >= need:  # a version holding the whole route keeps what the others cannot serve yet
+        assert floor + min(others, need) >= need - 1e-6
     with pytest.raises(ValueError, match="weight"):
         share_floor(1.5, need, 0.0)
 
@@ -97,7 +101,7 @@ def test_traffic_moved_to_a_canary_that_is_not_ready_never_shrinks_the_stable() 
     mine = [load(4.0, 10, at=r.at) for r in ready]
     done = run(mine, ready, [0.5] * 60, (held[-1].decision.state, held[-1].state))[-1]
     assert done.decision.terms["route_held"] == 0
-    assert done.floor == pytest.approx(share_floor(0.5, done.route_needed, 5))
+    assert done.floor == pytest.approx(share_floor(0.5, done.route_needed, 5, 10))
     assert done.decision.desired_replicas < min(d.decision.desired_replicas for d in held)
 
 
