@@ -62,6 +62,8 @@ class Outcome:
     rejected: int
     end_s: float
     summary: dict[str, Any] = field(default_factory=dict)
+    status: np.ndarray | None = None
+    """Per-request status (``simulator.results``: finished, rejected, aborted, pending), when known."""
 
 
 @dataclass
@@ -74,6 +76,7 @@ class AutoscaleResult:
     arrival_s: np.ndarray
     ttft_s: np.ndarray
     decisions: list[tuple[float, int, dict[str, float]]] = field(default_factory=list)
+    status: np.ndarray | None = None
 
 
 def default_backend(workload: Any, profile: Any, seed: int, slo_ttft_s: float, **options: Any) -> Backend:
@@ -352,4 +355,5 @@ def _result(name: str, outcome: Outcome, cluster: Cluster, timeline: list[tuple[
         "demand": np.interp(t, centers, need) if t.size else t,
     }
     decisions = list(getattr(policy, "decisions", []))
-    return AutoscaleResult(name, summary, tl, outcome.arrival_s, outcome.ttft_s, decisions)
+    return AutoscaleResult(name, summary, tl, outcome.arrival_s, outcome.ttft_s, decisions,
+                           getattr(outcome, "status", None))
