@@ -128,7 +128,7 @@ def write_report(result: TuneResult, out_dir: str | Path, title: str = "leadscal
                  drain: Mapping[str, Any] | None = None) -> dict[str, Path]:
     """Write report.md, report.html and the PNGs into ``out_dir``; returns their paths."""
     from simulator import queue_limit
-    from simulator.report import markdown_table, plot
+    from simulator.report import html_block, markdown_table, plot
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -149,8 +149,8 @@ def write_report(result: TuneResult, out_dir: str | Path, title: str = "leadscal
     body = [f"<h1>{html.escape(title)}</h1>"]
     for heading, lines in parts:
         body.append(f"<h2>{html.escape(heading)}</h2>")
-        body.append(_html_block(lines))
-    body.append("<h2>Simulated runs on the held-out window</h2>" + _html_block(markdown_table(runs).splitlines()))
+        body.append(html_block(lines))
+    body.append("<h2>Simulated runs on the held-out window</h2>" + html_block(markdown_table(runs).splitlines()))
     body += [f"<p><img src='{p}' alt='{p}'></p>" for p in pngs]
     page = ("<!doctype html><html><head><meta charset='utf-8'><title>" + html.escape(title) + "</title><style>"
             "body{font-family:sans-serif;max-width:1100px;margin:auto}table{border-collapse:collapse}"
@@ -158,30 +158,3 @@ def write_report(result: TuneResult, out_dir: str | Path, title: str = "leadscal
             "</style></head><body>" + "".join(body) + "</body></html>")
     (out / "report.html").write_text(page)
     return {"md": out / "report.md", "html": out / "report.html", **{p: out / p for p in pngs}}
-
-
-def _html_block(lines: list[str]) -> str:
-    """Markdown tables become HTML tables, code fences <pre>, other lines paragraphs."""
-    out, table, code = [], [], None
-    for line in [*lines, ""]:
-        if code is not None:
-            if line.startswith("```"):
-                out.append("<pre>" + html.escape("\n".join(code)) + "</pre>")
-                code = None
-            else:
-                code.append(line)
-            continue
-        if line.startswith("|"):
-            if not line.startswith("|---"):
-                table.append([c.strip() for c in line.strip("|").split("|")])
-            continue
-        if table:
-            head = "".join(f"<th>{html.escape(c)}</th>" for c in table[0])
-            rows = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in table[1:])
-            out.append(f"<table><tr>{head}</tr>{rows}</table>")
-            table = []
-        if line.startswith("```"):
-            code = []
-        elif line:
-            out.append(f"<p>{html.escape(line)}</p>")
-    return "".join(out)

@@ -368,3 +368,66 @@ def _result(name: str, outcome: Any, versions: dict[str, Version], route_weight:
     return RolloutResult(name, summary, phases, timeline, arrival, ttft, to_canary.astype(np.int8), route_weight,
                          {vname: v.trigger.decisions for vname, v in versions.items()})
 
+
+
+def _cell(value: Any, fmt: str) -> str:
+    return "n/a" if value is None else format(value, fmt)
+
+
+def section_lines(results: dict[str, RolloutResult], slo_ttft_s: float) -> list[str]:
+    """Markdown: per scenario, one row per step (GPU-hours and p95 TTFT of each version's requests)."""
+    lines = ["Stable and canary Deployments behind one weighted route, each with its own leadscale ScaledObject "
+             "(`trafficWeight`, `routeSelector`; docs/rollouts.md). At each step the rollout writes the new weights "
+             "into both ScaledObjects and moves the route once the version gaining traffic is available"
+             " (`route moved at`). p95 TTFT is over the requests that arrived in the step; a step meets the SLO when "
+             f"that p95 and each version's own p95 are within {slo_ttft_s:g} s.", ""]
+    for name, r in results.items():
+        s = r.summary
+        lines += [f"**{name}**: {s['gpu_hours']:.2f} GPU-hours ({s['gpu_hours_stable']:.2f} stable, "
+                  f"{s['gpu_hours_canary']:.2f} canary), p95 TTFT {_cell(s.get('ttft_p95'), '.2f')} s, SLO "
+                  f"attainment {_cell(s.get('slo_attainment'), '.4f')}, {s['phases_meeting_slo']} of {s['phases']} "
+                  f"steps meet the SLO, rejected {s['rejected']}, aborted {s['aborted']}"
+                  f"{'' if s['gated'] else ' (route moved at once: not gated)'}.", "",
+                  "| step (s) | canary weight | route moved at (s) | GPU-h stable | GPU-h canary | p95 TTFT (s) "
+                  "| p95 stable | p95 canary | SLO attainment | meets SLO |", "|---" * 10 + "|"]
+        for p in r.phases:
+            lines.append(f"| {p['from_s']:.0f}-{p['to_s']:.0f} | {p['canary_weight']:.0%} | "
+                         f"{_cell(p['route_moved_s'], '.0f')} | {p['gpu_hours_stable']:.2f} | "
+                         f"{p['gpu_hours_canary']:.2f} | {_cell(p['ttft_p95'], '.2f')} | "
+                         f"{_cell(p['stable_p95'], '.2f')} | {_cell(p['canary_p95'], '.2f')} | "
+                         f"{_cell(p['slo_attainment'], '.4f')} | {'yes' if p['meets_slo'] else 'NO'} |")
+        lines.append("")
+    return lines
+
+
+def plot(results: dict[str, RolloutResult], path: Any) -> None:
+    """Per scenario: each version's ready + starting replicas and the route's canary weight over time."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(results), 1, figsize=(10, 2.8 * len(results) + 0.5), squeeze=False, sharex=True)
+    for ax, (name, r) in zip(axes[:, 0], results.items(), strict=True):
+        for vname, color in (("stable", "tab:blue"), ("canary", "tab:orange")):
+            tl = r.timeline[vname]
+            t = np.asarray(tl["t"]) / 60.0
+            ax.step(t, tl["ready"], where="post", color=color, lw=1.2, label=f"{vname} ready")
+            ax.step(t, np.asarray(tl["ready"]) + np.asarray(tl["starting"]), where="post", color=color, lw=0.8,
+                    ls="--", label=f"{vname} ready + starting")
+        twin = ax.twinx()
+        times = [t / 60.0 for t, _ in r.route_weight] + [float(r.timeline["stable"]["t"][-1]) / 60.0]
+        weights = [w for _, w in r.route_weight]
+        twin.step(times, [*weights, weights[-1]], where="post", color="black", lw=1.0, label="route: canary weight")
+        twin.set_ylim(-0.05, 1.05)
+        twin.set_ylabel("canary weight")
+        ax.set_ylabel("replicas")
+        ax.set_title(name, fontsize=10, loc="left")
+        ax.grid(alpha=0.3)
+        handles = ax.get_legend_handles_labels()
+        more = twin.get_legend_handles_labels()
+        ax.legend(handles[0] + more[0], handles[1] + more[1], fontsize=7, loc="upper left")
+    axes[-1, 0].set_xlabel("time (min)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
