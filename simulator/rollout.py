@@ -122,7 +122,8 @@ class RouteLeadscale(Leadscale):
     def evaluate(self, now: float, view: View) -> None:
         whole = self.route_view(now)
         lead_auto = self.config.lead_time_auto
-        route = whole.observer.signals(now, whole.ready_replicas, whole.starting_replicas, lead_time_auto=False)
+        # as live: Prometheus knows no starting pods, the Kubernetes observer only this Deployment's
+        route = whole.observer.signals(now, whole.ready_replicas, 0, lead_time_auto=False)
         if route is None or route.data_age_s > STALENESS_LIMIT_S or self.config.traffic_weight is None:
             return  # the live evaluator answers UNAVAILABLE when the route does not answer
         own = view.observer.signals(now, view.ready_replicas, view.starting_replicas, lead_time_auto=lead_auto)
@@ -131,7 +132,7 @@ class RouteLeadscale(Leadscale):
         starting = max(route.starting_replicas, own.starting_replicas)
         route = Signals(**{**route.__dict__, "starting_replicas": starting, "lead_time_s": own.lead_time_s})
         try:
-            config = self.policy_config(own if own.kv_cache_tokens is not None else route)
+            config = self.policy_config(own)
         except EngineLimitMissing:
             return
         shared = route_mod.decide_share(own, route, self.config.traffic_weight, self.state, self.route_state,

@@ -183,3 +183,16 @@ def test_trafficweight_needs_a_prometheus_source() -> None:
     ev.scrape_targets = ("http://10.0.0.1:8000/metrics",)
     with pytest.raises(MetadataError, match="trafficWeight"):
         ev.lookup("llm", "vllm-canary", {**BASE, "trafficWeight": "50", "labelSelector": "version=canary"})
+
+
+def test_a_canary_without_pods_reads_the_engine_limits_from_the_route() -> None:
+    class WithKv(RouteSource):
+        def fetch(self, targets, now):  # type: ignore[no-untyped-def]
+            out = super().fetch(targets, now)
+            return {t: (Signals(**{**s.__dict__, "kv_cache_tokens": 131072.0}) if isinstance(s, Signals) else s)
+                    for t, s in out.items()}
+
+    ev = make(WithKv(), clock=Clock())  # type: ignore[arg-type]
+    canary = {k: v for k, v in BASE.items() if k not in ("maxNumSeqs", "kvCacheTokens")}
+    answer = ev.lookup("llm", "vllm-canary", {**canary, "trafficWeight": "50", "labelSelector": "version=canary"})
+    assert answer.active and answer.desired_replicas >= 4  # not UNAVAILABLE for want of its own cache_config
