@@ -45,6 +45,9 @@ class Signals:
     """Exact prompt tokens waiting, when a gateway or the simulator knows them; else estimated."""
     kv_cache_usage: float | None = None
     """Mean vllm:kv_cache_usage_perc over ready replicas, 0..1."""
+    kv_cache_tokens: float | None = None
+    """KV-cache tokens of one replica from vLLM's own ``vllm:cache_config_info`` (``num_gpu_blocks`` ×
+    ``block_size``, summed over a pod's engines), the smallest over ready replicas; None: not exported."""
     lead_time_s: float | None = None
     """Measured cold-start lead time (p90); None: use the configured one."""
     activation_value: float | None = None

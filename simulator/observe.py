@@ -54,6 +54,10 @@ BUCKETED = {"request_prompt_tokens_bucket": histograms.PROMPT_HISTOGRAM,
             "time_to_first_token_seconds_bucket": histograms.TTFT_HISTOGRAM}
 
 
+CACHE_CONFIG = "vllm:cache_config_info"
+"""Stored as its ``num_gpu_blocks`` × ``block_size`` labels' product (the live series is 1 with those labels)."""
+
+
 def bucket_series(histogram: str, le: float) -> str:
     """The series name of one histogram bucket, as Prometheus would key it."""
     return f'{histogram}_bucket{{le="{"+Inf" if math.isinf(le) else repr(float(le))}"}}'
@@ -72,6 +76,9 @@ def metrics_of(snapshot: Any) -> dict[str, float]:
     for attr, histogram in BUCKETED.items():
         for le, count in get(attr, None) or ():
             out[bucket_series(histogram, float(le))] = float(count)
+    blocks, size = get("num_gpu_blocks", None), get("block_size", None)
+    if blocks is not None and size is not None:
+        out[CACHE_CONFIG] = float(blocks) * float(size)
     return out
 
 
@@ -253,6 +260,7 @@ class Observer:
         if not prompt or not generation or not waiting:
             return None  # live: SourceError("no data ...: rate() needs two samples")
         kv = prom.instant("vllm:kv_cache_usage_perc", now)
+        kv_tokens = prom.instant(CACHE_CONFIG, now)
         newest = prom.newest_sample(now)
         return Signals(
             at=now,
@@ -269,6 +277,7 @@ class Observer:
                 self._mean(histograms.PROMPT_HISTOGRAM, now)),
             ttft_buckets=tuple(sorted(self._bucket_rates(histograms.TTFT_HISTOGRAM, now).items())) or None,
             kv_cache_usage=min(float(np.mean(list(kv.values()))), 1.0) if kv else None,
+            kv_cache_tokens=min(kv_tokens.values()) if kv_tokens else None,
             prefix_cache_hit_share=self._ratio("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total", now),
             lead_time_s=lead,
             activation_value=activation,

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from support.metadata import with_changes as support_with_changes
 
 from scaler.metadata import CORE_KEYS, KEDA_KEYS, MetadataError, ScalerConfig, known_keys, parse_metadata
+from scaler.signals import Signals
 
 GOOD = {"model": "meta-llama/Llama-3.1-8B-Instruct", "prefillTokensPerSecond": "8000",
         "decodeTokensPerSecond": "2000", "maxNumSeqs": "256", "kvCacheTokens": "200000"}
@@ -195,7 +196,10 @@ def test_parser_never_crashes_and_names_every_bad_key(extra: dict[str, str]) -> 
         assert exc.problems and all(p.key in str(exc) for p in exc.problems)
         return
     assert isinstance(config, ScalerConfig)
-    policy = config.policy_config()
+    # engine limits the metadata leaves open come from the snapshot (vllm:cache_config_info)
+    engine = Signals(at=0.0, prompt_tokens_per_s=0.0, generation_tokens_per_s=0.0, requests_waiting=0.0,
+                     requests_running=0.0, ready_replicas=1, kv_cache_tokens=100000.0)
+    policy = config.policy_config(capacity=config.replica_capacity(engine))
     assert 0 < policy.target_utilization <= 1 and policy.ttft_slo_s > 0
 
 
