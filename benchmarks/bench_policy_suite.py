@@ -1,23 +1,34 @@
-"""Policy quality beyond the two traces of the check: every policy on a suite of other workloads.
+"""Policy quality on a suite of workloads: every policy, the clairvoyant schedule and its lower bound.
 
 ``checks/policy-quality.sh`` judges leadscale on two traces and warns that the same check runs on
 traces we do not have. This suite is how settings are judged here without fitting them to those two:
-other load levels of the same traces, the built-in workloads (gamma bursts, a diurnal ramp, steps)
-and the arXiv summarization lengths (long prompts), all with the check's profile, cold starts, SLO
-and seed. For each workload it runs ``leadscale compare`` with leadscale, the three recipes and the
-oracle, and prints one Markdown row: leadscale's GPU-hours and p95 TTFT, its ratio to the oracle,
-the cheapest baseline that meets the SLO, and the check's verdict (``ok``: meets the SLO, no baseline
-that meets it is cheaper, within 1.25x of the oracle). ``--include-check`` adds the check's two.
+thirteen workloads (the check's two, other load levels of the same traces, fleets of 20+ replicas, the built-in
+shapes, arXiv summaries with a real arrival process, a long-prompt mix, bursty code completion), each
+at three seeds, with the check's profile, cold starts and SLO. For each (workload, seed) it runs
+``leadscale compare`` with leadscale, the three recipes and the oracle, and prints one Markdown row
+per workload (mean over seeds, the spread in brackets):
 
-Run from the project root: ``python benchmarks/bench_policy_suite.py [--jobs 2] [--only a,b]
-[--leadscale-meta KEY=VALUE ...] [--out DIR]`` (about 15 minutes on 2 cores, the oracle's
-verification runs dominate). Numbers are from the simulator, deterministic for the seed.
+- every policy's GPU-hours and p95 TTFT; the oracle's lower bound (``oracle_lower_bound_gpu_hours``,
+  below every schedule that meets the SLO) and its clairvoyant schedule (``oracle_gpu_hours``, a
+  feasible schedule that meets it); leadscale ÷ clairvoyant and ÷ bound;
+- whether a causal policy can meet the SLO at all (the oracle's ``causally_feasible``);
+- the issue's floors: leadscale meets the SLO wherever a causal policy can, uses fewer GPU-hours than
+  every baseline that meets it, within 1.25x of the clairvoyant schedule on every row and 1.15x on
+  the mean.
+
+Run from the project root: ``python benchmarks/bench_policy_suite.py [--seeds 1,2,3] [--jobs 2]
+[--only a,b] [--leadscale-meta KEY=VALUE ...] [--out DIR] [--reuse]``. Every
+compare's JSON is kept in ``--out`` (default a temporary directory); ``--reuse`` reads the ones already
+there instead of running them again (to re-print or to add policies). Numbers are from the simulator,
+deterministic for the seed.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -26,79 +37,148 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 TRACES = ROOT.parent / "shared" / "traces"
+AZURE, MOONCAKE = str(TRACES / "azure_conv_2023.csv"), str(TRACES / "mooncake_synthetic.jsonl")
+ARXIV = str(TRACES / "arxiv_summarization_lengths.csv")
 SUITE = {
-    "azure_conv x8": ["--trace", str(TRACES / "azure_conv_2023.csv"), "--load-scale", "8"],
-    "mooncake x2": ["--trace", str(TRACES / "mooncake_synthetic.jsonl"), "--load-scale", "2"],
+    "azure_conv x16 (check)": ["--trace", AZURE, "--load-scale", "16"],
+    "mooncake x3 (check)": ["--trace", MOONCAKE, "--load-scale", "3"],
+    "azure_conv x8": ["--trace", AZURE, "--load-scale", "8"],
+    "azure_conv x64 (20+ replicas)": ["--trace", AZURE, "--load-scale", "64"],
+    "mooncake x2": ["--trace", MOONCAKE, "--load-scale", "2"],
     "builtin default": ["--trace", "builtin:default"],
     "diurnal ramp": ["--trace", "builtin:diurnal?rate=60&duration=3600&amplitude=0.6"],
+    "diurnal x400 (20+ replicas)": ["--trace", "builtin:diurnal?rate=400&duration=3600&amplitude=0.6&cv=2"],
     "gamma cv 4": ["--trace", "builtin:gamma?rate=40&cv=4&duration=1800"],
     "steps 10/50/25": ["--trace", "builtin:steps?rates=10,50,25&step_s=600"],
-    "arxiv lengths": ["--trace", str(TRACES / "arxiv_summarization_lengths.csv")],
+    "arxiv lengths, gamma arrivals": ["--trace", f"builtin:gamma?rate=40&cv=2&duration=1800&lengths={ARXIV}"],
+    "chat + 5% 20-30k summaries": ["--trace", "builtin:gamma?rate=60&cv=2&duration=1800&long_share=0.05"],
+    "bursty code completion": ["--trace", "builtin:gamma?rate=100&cv=6&duration=1800&in_mean=2048&in_median=1500"
+                               "&in_max=7437&out_mean=28&out_median=13&out_max=1000"],
 }
-CHECK = {
-    "azure_conv x16": ["--trace", str(TRACES / "azure_conv_2023.csv"), "--load-scale", "16"],
-    "mooncake x3": ["--trace", str(TRACES / "mooncake_synthetic.jsonl"), "--load-scale", "3"],
-}
-FLAGS = ["--profile", "h100-llama3-8b", "--cold-start", "lognormal:p50=120,p90=240", "--slo-ttft", "2",
-         "--seed", "3", "--json"]
+FLAGS = ["--profile", "h100-llama3-8b", "--cold-start", "lognormal:p50=120,p90=240", "--slo-ttft", "2", "--json"]
 POLICIES = "leadscale,waiting-requests,kv-cache,saturation,oracle"
+BASELINES = ("waiting-requests", "kv-cache", "saturation")
 SLO_S = 2.0
+ROW_LIMIT, MEAN_LIMIT = 1.25, 1.15
 
 
-def run_one(name: str, args: list[str], out: Path, meta: list[str]) -> tuple[str, dict]:
-    """One ``leadscale compare``; (name, {policy: summary}) or (name, {"error": ...})."""
-    cmd = [sys.executable, "-m", "scaler.cli", "compare", *args, *FLAGS, "--policies", POLICIES,
-           "--out", str(out / name.replace(" ", "_").replace("/", "-"))]
+def slug(name: str, seed: int) -> str:
+    return "".join(c if c.isalnum() else "_" for c in name) + f"_seed{seed}"
+
+
+def run_one(name: str, args: list[str], seed: int, out: Path, meta: list[str], reuse: bool) -> dict:
+    """One ``leadscale compare`` (or its kept JSON): {policy: summary} or {"error": ...}."""
+    path = out / f"{slug(name, seed)}.json"
+    if reuse and path.exists():
+        return json.loads(path.read_text())["policies"]
+    cmd = [sys.executable, "-m", "scaler.cli", "compare", *args, *FLAGS, "--seed", str(seed), "--policies", POLICIES,
+           "--out", str(out / slug(name, seed))]
     for item in meta:
         cmd += ["--leadscale-meta", item]
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     if done.returncode != 0:
-        return name, {"error": done.stderr.strip()[-500:]}
-    return name, json.loads(done.stdout)["policies"]
+        return {"error": done.stderr.strip()[-500:]}
+    path.write_text(done.stdout)
+    return json.loads(done.stdout)["policies"]
 
 
-def row(name: str, policies: dict) -> str:
-    """The Markdown row for one workload, with the check's verdict."""
-    if "error" in policies:
-        return f"| {name} | error: {policies['error'][:80]} | | | | |"
-    ours, oracle = policies["leadscale"], policies["oracle"]
-    meets = [k for k, v in policies.items() if k not in ("leadscale", "oracle") and v["ttft_p95"] is not None
-             and v["ttft_p95"] <= SLO_S]
-    cheapest = min(meets, key=lambda k: policies[k]["gpu_hours"]) if meets else None
-    ratio = ours["gpu_hours"] / oracle["gpu_hours"] if oracle["gpu_hours"] > 0 else float("inf")
-    ok = (ours["ttft_p95"] is not None and ours["ttft_p95"] <= SLO_S and ratio <= 1.25
-          and (cheapest is None or ours["gpu_hours"] <= policies[cheapest]["gpu_hours"]))
-    rival = f"{cheapest} {policies[cheapest]['gpu_hours']:.2f}" if cheapest else "none"
-    oracle_note = "" if oracle.get("oracle_meets_slo", True) else " (misses)"
-    return (f"| {name} | {ours['gpu_hours']:.2f} ({ours['ttft_p95']:.2f} s) | {oracle['gpu_hours']:.2f} "
-            f"({oracle['ttft_p95']:.2f} s){oracle_note} | {ratio:.2f} | {rival} | {'ok' if ok else 'no'} |")
+def meets(summary: dict) -> bool:
+    return summary.get("ttft_p95") is not None and summary["ttft_p95"] <= SLO_S
+
+
+def cell(values: list[float], fmt: str = "{:.2f}") -> str:
+    """Mean, and the spread over seeds when there is one."""
+    if not values:
+        return "-"
+    mean = statistics.fmean(values)
+    if len(values) == 1 or max(values) - min(values) < 5e-3:
+        return fmt.format(mean)
+    return f"{fmt.format(mean)} [{fmt.format(min(values))}–{fmt.format(max(values))}]"
+
+
+def judge(runs: list[dict]) -> dict:
+    """The floors for one workload over its seeds, and the numbers behind them."""
+    ours = [r["leadscale"] for r in runs]
+    oracle = [r["oracle"] for r in runs]
+    clairvoyant = [o.get("oracle_gpu_hours", o["gpu_hours"]) for o in oracle]
+    bound = [o.get("oracle_lower_bound_gpu_hours") for o in oracle]
+    feasible = all(o.get("causally_feasible", True) for o in oracle)
+    ratios = [s["gpu_hours"] / c for s, c in zip(ours, clairvoyant, strict=True) if c > 0]
+    cheaper = all(all(s["gpu_hours"] <= r[b]["gpu_hours"] for b in BASELINES if b in r and meets(r[b]))
+                  for s, r in zip(ours, runs, strict=True))
+    met = all(meets(s) for s in ours)
+    ratio = statistics.fmean(ratios) if ratios else math.inf
+    ok = (met or not feasible) and cheaper and ratio <= ROW_LIMIT
+    return {"ratio": ratio, "bound_ratio": [s["gpu_hours"] / b for s, b in zip(ours, bound, strict=True) if b],
+            "met": met, "feasible": feasible, "cheaper": cheaper, "ok": ok, "clairvoyant": clairvoyant,
+            "bound": [b for b in bound if b is not None]}
+
+
+def row(name: str, runs: list[dict]) -> tuple[str, dict | None]:
+    errors = [r["error"] for r in runs if "error" in r]
+    if errors:
+        return f"| {name} | error: {errors[0][:100]} |" + " |" * 11, None
+    verdict = judge(runs)
+    cells = [name, cell([r["leadscale"].get("mean_replicas", 0.0) for r in runs], "{:.1f}")]
+    for policy in ("leadscale", *BASELINES):
+        gpu = cell([r[policy]["gpu_hours"] for r in runs])
+        p95 = cell([r[policy]["ttft_p95"] for r in runs if r[policy].get("ttft_p95") is not None])
+        cells.append(f"{gpu} ({p95} s)")
+    cells += [cell(verdict["bound"]),
+              f"{cell(verdict['clairvoyant'])} ({cell([r['oracle']['ttft_p95'] for r in runs])} s)",
+              cell([verdict["ratio"]] if len(runs) == 1 else [
+                  r["leadscale"]["gpu_hours"] / c for r, c in zip(runs, verdict["clairvoyant"], strict=True)]),
+              cell(verdict["bound_ratio"]),
+              "yes" if verdict["feasible"] else "**no** (causal bound)",
+              "ok" if verdict["ok"] else "no: " + ", ".join(
+                  w for w, bad in (("misses the SLO", verdict["feasible"] and not verdict["met"]),
+                                   ("a baseline is cheaper", not verdict["cheaper"]),
+                                   (f"> {ROW_LIMIT}x", verdict["ratio"] > ROW_LIMIT)) if bad)]
+    return "| " + " | ".join(cells) + " |", verdict
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--jobs", type=int, default=2, help="workloads run at once (default 2)")
+    parser.add_argument("--seeds", default="1,2,3", help="comma-separated seeds (default 1,2,3)")
+    parser.add_argument("--jobs", type=int, default=2, help="compares run at once (default 2)")
     parser.add_argument("--only", default="", help="comma-separated workload names (default: all)")
-    parser.add_argument("--include-check", action="store_true", help="also the check's two traces")
     parser.add_argument("--leadscale-meta", action="append", default=[], metavar="KEY=VALUE",
                         help="extra leadscale trigger metadata, as for leadscale compare")
-    parser.add_argument("--out", type=Path, default=None, help="keep every report here")
+    parser.add_argument("--out", type=Path, default=None, help="keep every compare (JSON and report) here")
+    parser.add_argument("--reuse", action="store_true", help="read compares already kept in --out")
     args = parser.parse_args()
-    workloads = {**(CHECK if args.include_check else {}), **SUITE}
+    workloads = dict(SUITE)
     if args.only:
         wanted = [w.strip() for w in args.only.split(",")]
         unknown = [w for w in wanted if w not in workloads]
         if unknown:
             parser.error(f"--only {unknown}: allowed {sorted(workloads)}")
         workloads = {w: workloads[w] for w in wanted}
+    seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     out = args.out or Path(tempfile.mkdtemp(prefix="leadscale-suite-"))
+    out.mkdir(parents=True, exist_ok=True)
+    jobs = [(name, seed) for name in workloads for seed in seeds]
     with ThreadPoolExecutor(max(1, args.jobs)) as pool:
-        results = dict(pool.map(lambda item: run_one(item[0], item[1], out, args.leadscale_meta), workloads.items()))
-    print("| workload | leadscale GPU-h (p95 TTFT) | oracle GPU-h (p95) | x oracle | cheapest baseline meeting "
-          "the SLO | check's rule |")
-    print("|---|---|---|---|---|---|")
+        done = list(pool.map(lambda job: run_one(job[0], workloads[job[0]], job[1], out, args.leadscale_meta,
+                                                 args.reuse), jobs))
+    results = dict(zip(jobs, done, strict=True))
+    print(f"Seeds {', '.join(map(str, seeds))}; mean over seeds [min–max]. GPU-hours (p95 TTFT).\n")
+    print("| workload | leadscale mean replicas | leadscale | waiting-requests | kv-cache | saturation | lower bound "
+          "| clairvoyant schedule | leadscale ÷ clairvoyant | leadscale ÷ bound | causally feasible | floors |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    verdicts = {}
     for name in workloads:
-        print(row(name, results[name]))
-    print(f"\nreports: {out}")
+        line, verdict = row(name, [results[(name, s)] for s in seeds])
+        print(line)
+        if verdict is not None:
+            verdicts[name] = verdict
+    if verdicts:
+        mean = statistics.fmean(v["ratio"] for v in verdicts.values())
+        worst = max(verdicts.items(), key=lambda kv: kv[1]["ratio"])
+        passed = sum(v["ok"] for v in verdicts.values())
+        print(f"\nleadscale ÷ clairvoyant: mean {mean:.3f} (floor {MEAN_LIMIT}), worst {worst[1]['ratio']:.3f} "
+              f"({worst[0]}; floor {ROW_LIMIT} on every row); rows meeting every floor: {passed} of {len(verdicts)}")
+    print(f"\ncompares: {out}")
     return 0
 
 

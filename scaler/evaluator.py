@@ -21,6 +21,7 @@ namespace/name plus its metadata (a changed trigger is a new object; the old one
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -31,6 +32,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from scaler import evaluator_kube
+from scaler import route as route_mod
+from scaler.engine_limits import EngineLimitMissing
 from scaler.evaluator_kube import KubeObserver
 from scaler.metadata import MetadataError, Problem, ScalerConfig, parse_metadata
 from scaler.signals import Signals
@@ -47,6 +50,16 @@ FIRST_CALL_GATHER_S = 0.02
 
 class Unavailable(Exception):
     """No trustworthy decision for this object now; the service answers UNAVAILABLE."""
+
+
+def _describe(key: SourceKey) -> str:
+    """Where a source's numbers come from, for messages."""
+    kind, where = key
+    if kind == "prometheus":
+        return f"Prometheus {where}"
+    if kind == "scrape":
+        return "the pods' /metrics (" + ", ".join(where) + ")"
+    return "the pods the Kubernetes observer found (" + "/".join(where) + ")"
 
 
 def default_source_factory(key: SourceKey) -> SignalSource:
@@ -69,13 +82,17 @@ class _Entry:
     target: Target
     source_key: SourceKey
     last_asked: float
+    route_target: Target | None = None
+    """The whole route's series when the trigger names a ``trafficWeight`` (``scaler.route``)."""
+    route_state: Any = None
     state: Any = None
     decision: Any = None
     data_at: float = float("-inf")
     """Our clock's time of the data behind ``decision``."""
     error: str | None = None
     policy_config: Any = None
-    policy_bounds: tuple[int | None, int | None] = (None, None)
+    policy_bounds: Any = None
+    """The (min, max) bounds and capacity ``policy_config`` was built for."""
     evaluated: threading.Event = field(default_factory=threading.Event)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -163,7 +180,7 @@ class Evaluator:
                 entry.last_asked = now
                 return entry
             entry = _Entry(namespace, name, config, config.target(namespace), self._source_key(config, namespace, name),
-                           now)
+                           now, config.route_target(namespace))
             self._entries[key] = entry
             self.telemetry.objects.set(len(self._entries))
             self._pending.append(entry)
@@ -189,6 +206,15 @@ class Evaluator:
 
     def _source_key(self, config: ScalerConfig, namespace: str = "", name: str = "") -> SourceKey:
         """Metadata first, then the server's defaults, then pods discovered through Kubernetes."""
+        key = self._find_source(config, namespace, name)
+        if config.traffic_weight is not None and key[0] != "prometheus":
+            raise MetadataError([Problem("trafficWeight", f"{config.traffic_weight * 100:g}",
+                                         "only with a Prometheus source (prometheusAddress or --prometheus-url): "
+                                         f"the route is read through routeSelector's label matchers; this object "
+                                         f"would read {_describe(key)}")])
+        return key
+
+    def _find_source(self, config: ScalerConfig, namespace: str, name: str) -> SourceKey:
         if config.scrape_targets:
             return ("scrape", config.scrape_targets)
         if config.prometheus_address:
@@ -263,22 +289,40 @@ class Evaluator:
 
     def _evaluate_group(self, key: SourceKey, members: list[_Entry]) -> None:
         now = self.clock()
+        targets = [e.target for e in members] + [e.route_target for e in members if e.route_target is not None]
         try:
             source = self._source(key)
-            results: dict[Target, Signals | SourceError] = source.fetch([e.target for e in members], now)
+            results: dict[Target, Signals | SourceError] = source.fetch(targets, now)
         except Exception as exc:  # a source must not raise, but a broken one must not stop the others
             LOG.warning("source %s failed: %s: %s", key, type(exc).__name__, exc)
-            results = {e.target: SourceError(f"source {key[0]} failed: {type(exc).__name__}: {exc}") for e in members}
+            results = {t: SourceError(f"source {key[0]} failed: {type(exc).__name__}: {exc}") for t in targets}
         for entry in members:
             try:
-                self._apply(entry, results.get(entry.target, SourceError("the source returned nothing")), now)
+                own = results.get(entry.target, SourceError("the source returned nothing"))
+                if entry.route_target is not None:
+                    own = self._route_view(entry, own, results.get(entry.route_target), now)
+                self._apply(entry, own, now)
             except Exception as exc:
                 LOG.exception("evaluating %s/%s failed", entry.namespace, entry.name)
                 self._fail(entry, f"evaluation failed: {type(exc).__name__}: {exc}", "internal")
             finally:
                 entry.evaluated.set()
 
-    def _apply(self, entry: _Entry, result: Signals | SourceError, now: float) -> None:
+    def _route_view(self, entry: _Entry, own: Signals | SourceError, route: Signals | SourceError | None,
+                    now: float) -> Signals | SourceError | tuple[Signals, Signals]:
+        """(own, route) snapshots for a route member; a version with no series yet (a canary before its
+        first pod) has an empty one of its own while the route answers."""
+        if not isinstance(route, Signals):
+            return SourceError(f"route ({dict(entry.route_target.label_matchers) if entry.route_target else ''}): "
+                               f"{route if route is not None else 'the source returned nothing'}")
+        if not isinstance(own, Signals):
+            own = route_mod.empty_signals(route)
+        return own, route
+
+    def _apply(self, entry: _Entry, result: Signals | SourceError | tuple[Signals, Signals], now: float) -> None:
+        route: Signals | None = None
+        if isinstance(result, tuple):
+            result, route = result
         if isinstance(result, SourceError) or not isinstance(result, Signals):
             self._fail(entry, str(result) or type(result).__name__, "source")
             return
@@ -293,12 +337,27 @@ class Evaluator:
             except Exception as exc:
                 self._kube_failed(entry, "observe", exc)
         signals, bounds = merged.signals, (merged.min_replicas, merged.max_replicas)
-        if entry.policy_config is None or entry.policy_bounds != bounds:
-            entry.policy_config, entry.policy_bounds = entry.config.policy_config(*bounds), bounds
+        try:  # engine limits the metadata leaves open come from this snapshot (scaler.engine_limits)
+            capacity = entry.config.replica_capacity(signals, _describe(entry.source_key))
+        except EngineLimitMissing as exc:
+            self._fail(entry, str(exc), "source")
+            return
+        if entry.policy_config is None or entry.policy_bounds != (bounds, capacity):
+            entry.policy_config = entry.config.policy_config(*bounds, capacity=capacity)
+            entry.policy_bounds = (bounds, capacity)
         config = entry.policy_config
         # only one evaluation of an entry runs at a time (rounds skip entries whose first one is running)
         state = entry.state if entry.state is not None else self._policy.PolicyState()
-        decision = self._policy.decide(signals, state, config, now)
+        if route is not None and entry.config.traffic_weight is not None:
+            # Prometheus sees no starting pods: the route's are at least this Deployment's (Kubernetes)
+            starting = max(route.starting_replicas, signals.starting_replicas)
+            route = dataclasses.replace(route, starting_replicas=starting, lead_time_s=signals.lead_time_s)
+            route_state = entry.route_state if entry.route_state is not None else route_mod.RouteState()
+            shared = route_mod.decide_share(signals, route, entry.config.traffic_weight, state, route_state, config,
+                                            now)
+            decision, entry.route_state = shared.decision, shared.state
+        else:
+            decision = self._policy.decide(signals, state, config, now)
         with entry.lock:
             previous = entry.decision
             entry.state, entry.decision, entry.error = decision.state, decision, None

@@ -8,6 +8,10 @@ must not silently become a default that sizes a GPU fleet. Parsing is cached per
 
 A few policy tunables beyond the core keys (e.g. a backlog drain time) are declared in
 ``POLICY_TUNABLES`` and passed to ``scaler.policy.PolicyConfig``, whose own validation also speaks.
+
+Capacity comes from a ``profile`` or from the explicit rates ``prefillTokensPerSecond`` and
+``decodeTokensPerSecond``; then ``kvCacheTokens`` and ``maxNumSeqs`` are overrides of what the engine
+reports (``scaler.engine_limits``), and ``policy_config(signals=...)`` resolves them per snapshot.
 """
 
 from __future__ import annotations
@@ -22,16 +26,21 @@ from dataclasses import dataclass
 from typing import Any
 
 from scaler.capacity import ReplicaCapacity
+from scaler.engine_limits import CapacityKeys
 from scaler.metadata_values import LABEL_NAME, Problem, Reader
 from scaler.sources.base import RESERVED_LABELS
 
 EXPLICIT_CAPACITY_KEYS = ("prefillTokensPerSecond", "decodeTokensPerSecond", "maxNumSeqs", "kvCacheTokens")
-OPTIONAL_CAPACITY_KEYS = ("prefillAttentionTokens",)
-"""With the explicit keys only: K of ``ReplicaCapacity.prefill_attention_tokens`` (a profile carries its own)."""
+REQUIRED_CAPACITY_KEYS = ("prefillTokensPerSecond", "decodeTokensPerSecond")
+"""Without a profile these two are required; ``maxNumSeqs``/``kvCacheTokens`` override the engine's own."""
+OPTIONAL_CAPACITY_KEYS = ("prefillAttentionTokens", "decodeContextTokens")
+"""With the explicit keys only: K of ``ReplicaCapacity.prefill_attention_tokens`` and K_d of
+``decode_context_tokens`` (a profile carries its own)."""
 CORE_KEYS = (
     "model", "prometheusAddress", "profile", *EXPLICIT_CAPACITY_KEYS, *OPTIONAL_CAPACITY_KEYS, "ttftSeconds",
     "targetUtilization", "leadTime", "scaleDownDelay", "minReplicas", "maxReplicas", "activationQuery",
-    "activationThreshold", "namespaceLabel", "labelSelector", "rateWindow", "scrapeTargets",
+    "activationThreshold", "namespaceLabel", "labelSelector", "rateWindow", "scrapeTargets", "trafficWeight",
+    "routeSelector",
 )
 # KEDA's own external-scaler keys: KEDA forwards the whole trigger metadata, these included
 KEDA_KEYS = ("scalerAddress", "enableTLS", "unsafeSsl", "caCert", "tlsCertFile", "tlsClientCert", "tlsClientKey")
@@ -48,7 +57,8 @@ CORE_POLICY_FIELDS = {
 # policy tunables a trigger may set: metadata key -> (PolicyConfig field, type); declared here, not derived,
 # so every key is documented and a new policy field becomes a key only when someone adds (and documents) it
 POLICY_TUNABLES: dict[str, tuple[str, type]] = {
-    "backlogDrainSeconds": ("backlog_drain_s", float), "trendWindowSeconds": ("trend_window_s", float),
+    "backlogDrainSeconds": ("backlog_drain_s", float), "headroomQuantile": ("headroom_quantile", float),
+    "headroomHistorySeconds": ("headroom_history_s", float), "trendWindowSeconds": ("trend_window_s", float),
     "trendConfidence": ("trend_confidence", float),
 }
 
@@ -75,11 +85,12 @@ class ScalerConfig:
     """One trigger's configuration, validated; build with ``parse_metadata``."""
 
     model: str
-    capacity: ReplicaCapacity
+    capacity: ReplicaCapacity | None
+    """The replica's capacity when fully known from metadata; None: engine limits read per snapshot."""
     profile: str | None = None
     prometheus_address: str | None = None
     ttft_s: float = 2.0
-    target_utilization: float = 0.8
+    target_utilization: float = 1.0
     lead_time_s: float = 180.0
     lead_time_auto: bool = False
     scale_down_delay_s: float = 300.0
@@ -94,6 +105,12 @@ class ScalerConfig:
     scrape_targets: tuple[str, ...] = ()
     tunables: tuple[tuple[str, float | int], ...] = ()
     """Extra ``PolicyConfig`` fields set from metadata, as (field name, value)."""
+    capacity_keys: CapacityKeys | None = None
+    """The explicit capacity keys (None with a profile); unset limits come from the engine."""
+    traffic_weight: float | None = None
+    """This Deployment's share of its route, 0..1 (``trafficWeight`` / 100); None: not part of a route."""
+    route_selector: tuple[tuple[str, str], ...] = ()
+    """Label matchers selecting every version's series of the route (``routeSelector``)."""
 
     @functools.cached_property
     def metric_name(self) -> str:
@@ -101,12 +118,28 @@ class ScalerConfig:
         slug = re.sub(r"[^a-z0-9]+", "-", self.model.lower()).strip("-")[:48].strip("-")
         return f"leadscale-{slug or 'model'}"
 
-    def policy_config(self, min_replicas: int | None = None, max_replicas: int | None = None) -> Any:
-        """The policy's config; min/max from metadata win over the ScaledObject's (passed by the caller)."""
+    def replica_capacity(self, signals: Any = None, where: str = "the signal source") -> ReplicaCapacity:
+        """The capacity for one snapshot: the metadata's, else with the engine's limits from ``signals``
+        (``scaler.engine_limits``; raises ``EngineLimitMissing`` naming what is missing and where from)."""
+        if self.capacity is not None:
+            return self.capacity
+        assert self.capacity_keys is not None
+        return self.capacity_keys.resolve(signals, where)
+
+    def policy_config(self, min_replicas: int | None = None, max_replicas: int | None = None,
+                      capacity: ReplicaCapacity | None = None) -> Any:
+        """The policy's config; min/max from metadata win over the ScaledObject's (passed by the caller).
+        ``capacity`` (from ``replica_capacity``) is needed when the metadata leaves engine limits open."""
         from scaler.policy import PolicyConfig
 
+        capacity = capacity if capacity is not None else self.capacity
+        if capacity is None:
+            from scaler.engine_limits import EngineLimitMissing
+
+            raise EngineLimitMissing("policy_config() needs capacity=replica_capacity(signals): the metadata leaves "
+                                     "kvCacheTokens/maxNumSeqs to the engine")
         kwargs: dict[str, Any] = dict(
-            capacity=self.capacity, ttft_slo_s=self.ttft_s, target_utilization=self.target_utilization,
+            capacity=capacity, ttft_slo_s=self.ttft_s, target_utilization=self.target_utilization,
             lead_time_s=self.lead_time_s, scale_down_delay_s=self.scale_down_delay_s,
             activation_threshold=self.activation_threshold, rate_window_s=self.rate_window_s, **dict(self.tunables),
         )
@@ -120,13 +153,22 @@ class ScalerConfig:
 
     def target(self, namespace: str | None = None) -> Any:
         """What the sources measure; ``namespace`` (the ScaledObject's) fills ``namespaceLabel``."""
+        return self._target(self.label_selector, namespace, self.activation_query)
+
+    def route_target(self, namespace: str | None = None) -> Any:
+        """The whole route's series (every version), or None when this trigger is not part of a route."""
+        if self.traffic_weight is None:
+            return None
+        return self._target(self.route_selector, namespace, None)
+
+    def _target(self, selector: tuple[tuple[str, str], ...], namespace: str | None, activation: str | None) -> Any:
         from scaler.sources.base import Target
 
-        matchers = dict(self.label_selector)
+        matchers = dict(selector)
         if self.namespace_label and namespace:
             matchers[self.namespace_label] = namespace
         return Target(model=self.model, prometheus_address=self.prometheus_address,
-                      label_matchers=tuple(sorted(matchers.items())), activation_query=self.activation_query,
+                      label_matchers=tuple(sorted(matchers.items())), activation_query=activation,
                       rate_window_s=self.rate_window_s)
 
 
@@ -135,7 +177,7 @@ def known_keys() -> tuple[str, ...]:
     return CORE_KEYS + tuple(policy_tunables())
 
 
-def _capacity(reader: Reader, ttft_s: float | None) -> tuple[ReplicaCapacity | None, str | None]:
+def _capacity(reader: Reader, ttft_s: float | None) -> tuple[ReplicaCapacity | CapacityKeys | None, str | None]:
     profile = reader.text("profile")
     explicit = [key for key in EXPLICIT_CAPACITY_KEYS + OPTIONAL_CAPACITY_KEYS if reader.raw.get(key)]
     if profile is not None and explicit:
@@ -155,16 +197,20 @@ def _capacity(reader: Reader, ttft_s: float | None) -> tuple[ReplicaCapacity | N
             reader.problem("profile", profile, f"a profile valid at ttftSeconds={ttft_s} ({exc})")
             return None, profile
     if not set(explicit) - set(OPTIONAL_CAPACITY_KEYS):
-        reader.problem("profile", None, "a profile name, or all of " + ", ".join(EXPLICIT_CAPACITY_KEYS))
+        reader.problem("profile", None, "a profile name, or " + " and ".join(REQUIRED_CAPACITY_KEYS)
+                       + " (maxNumSeqs and kvCacheTokens are read from the engine unless given)")
         return None, None
     prefill = reader.number("prefillTokensPerSecond", None, low=0.0, low_open=True, required=True)
     decode = reader.number("decodeTokensPerSecond", None, low=0.0, low_open=True, required=True)
-    seqs = reader.number("maxNumSeqs", None, low=1, required=True, kind="integer")
-    kv = reader.number("kvCacheTokens", None, low=1, required=True, kind="integer")
+    seqs = reader.number("maxNumSeqs", None, low=1, kind="integer")
+    kv = reader.number("kvCacheTokens", None, low=1, kind="integer")
     attention = reader.number("prefillAttentionTokens", None, low=0.0, low_open=True)
-    if None in (prefill, decode, seqs, kv):
+    context = reader.number("decodeContextTokens", None, low=0.0, low_open=True)
+    if prefill is None or decode is None or (reader.raw.get("maxNumSeqs") and seqs is None) or (
+            reader.raw.get("kvCacheTokens") and kv is None):
         return None, None
-    return ReplicaCapacity(prefill, decode, seqs, kv, attention), None  # type: ignore[arg-type]
+    keys = CapacityKeys(prefill, decode, seqs, kv, attention, context)
+    return (keys.capacity(1, 1) if keys.complete else keys), None
 
 
 def _label_name_problem(name: str) -> str | None:
@@ -176,30 +222,56 @@ def _label_name_problem(name: str) -> str | None:
     return None
 
 
-def _labels(reader: Reader) -> tuple[str | None, tuple[tuple[str, str], ...]]:
-    namespace_label = reader.text("namespaceLabel")
-    why = _label_name_problem(namespace_label) if namespace_label is not None else None
-    if why:
-        reader.problem("namespaceLabel", namespace_label, why)
+def _selector(reader: Reader, key: str, namespace_label: str | None) -> tuple[tuple[str, str], ...]:
+    """``name=value,name2=value2`` of ``key`` as sorted pairs (problems recorded under ``key``)."""
     pairs: dict[str, str] = {}
-    selector = reader.text("labelSelector")
+    selector = reader.text(key)
     for item in (selector or "").split(","):
         if not item.strip():
             continue
         name, sep, value = item.partition("=")
         name, value = name.strip(), value.strip()
         if not sep or not LABEL_NAME.fullmatch(name) or not value or name in pairs:
-            reader.problem("labelSelector", selector, "comma-separated name=value pairs, label names unique and "
-                                                      "matching [a-zA-Z_][a-zA-Z0-9_]*, values non-empty")
+            reader.problem(key, selector, "comma-separated name=value pairs, label names unique and "
+                                          "matching [a-zA-Z_][a-zA-Z0-9_]*, values non-empty")
             break
         why = _label_name_problem(name)
         if why:
-            reader.problem("labelSelector", selector, f"label {name!r} not allowed: want {why}")
+            reader.problem(key, selector, f"label {name!r} not allowed: want {why}")
             break
         pairs[name] = value
     if namespace_label and namespace_label in pairs:
-        reader.problem("labelSelector", selector, f"no matcher on {namespace_label!r} (namespaceLabel sets it)")
-    return namespace_label, tuple(sorted(pairs.items()))
+        reader.problem(key, selector, f"no matcher on {namespace_label!r} (namespaceLabel sets it)")
+    return tuple(sorted(pairs.items()))
+
+
+def _labels(reader: Reader) -> tuple[str | None, tuple[tuple[str, str], ...]]:
+    namespace_label = reader.text("namespaceLabel")
+    why = _label_name_problem(namespace_label) if namespace_label is not None else None
+    if why:
+        reader.problem("namespaceLabel", namespace_label, why)
+    return namespace_label, _selector(reader, "labelSelector", namespace_label)
+
+
+def _route(reader: Reader, namespace_label: str | None, own: tuple[tuple[str, str], ...],
+           scrape_targets: tuple[str, ...]) -> tuple[float | None, tuple[tuple[str, str], ...]]:
+    """``trafficWeight`` (percent -> share) and ``routeSelector``: both or neither (scaler.route)."""
+    weight = reader.number("trafficWeight", None, 0.0, 100.0)
+    route = _selector(reader, "routeSelector", namespace_label)
+    given_weight, given_route = bool(reader.raw.get("trafficWeight", "").strip()), bool(route)
+    if given_weight != given_route:
+        missing = "routeSelector" if given_weight else "trafficWeight"
+        present = "trafficWeight" if given_weight else "routeSelector"
+        reader.problem(missing, None, f"set together with {present} (a Deployment's share of a route needs both: "
+                                      "its weight in percent and the label matchers of every version's pods)")
+    if given_route and route == own:
+        reader.problem("routeSelector", reader.raw.get("routeSelector"),
+                       "matchers of every version's pods, not the same as labelSelector (this version's)")
+    if given_weight and scrape_targets:
+        reader.problem("trafficWeight", reader.raw.get("trafficWeight"),
+                       "only with Prometheus: the route is read through routeSelector's label matchers, which "
+                       "scrapeTargets cannot apply")
+    return (weight / 100.0 if weight is not None and given_route else None), route
 
 
 def _resolve_keys(given: Mapping[str, str], known: tuple[str, ...], problems: list[Problem]) -> dict[str, str]:
@@ -232,7 +304,7 @@ def _parse(given: Mapping[str, str]) -> ScalerConfig:
     model = reader.text("model", required=True)
     prometheus_address = reader.url("prometheusAddress")
     ttft = reader.number("ttftSeconds", 2.0, low=0.0, low_open=True, high=3600.0)
-    utilization = reader.number("targetUtilization", 0.8, low=0.0, low_open=True, high=1.0)
+    utilization = reader.number("targetUtilization", 1.0, low=0.0, low_open=True, high=1.0)
     lead_auto = raw.get("leadTime", "").strip().lower() == "auto"
     lead = 180.0 if lead_auto else reader.number("leadTime", 180.0, 0.0, 86400.0, kind="duration", extra="or 'auto'")
     delay = reader.number("scaleDownDelay", 300.0, 0.0, 7 * 86400.0, kind="duration")
@@ -247,6 +319,7 @@ def _parse(given: Mapping[str, str]) -> ScalerConfig:
         reader.problem("activationThreshold", raw["activationThreshold"], "set only together with activationQuery")
     namespace_label, selector = _labels(reader)
     scrape_targets = reader.url_list("scrapeTargets")
+    traffic_weight, route_selector = _route(reader, namespace_label, selector, scrape_targets)
     capacity, profile = _capacity(reader, ttft)
     tunables = []
     for key, (field_name, kind) in sorted(tunable_specs.items()):
@@ -255,12 +328,15 @@ def _parse(given: Mapping[str, str]) -> ScalerConfig:
             tunables.append((field_name, value))
     if reader.problems or capacity is None or model is None:
         raise MetadataError(reader.problems or [Problem("profile", None, "a replica capacity")])
+    keys = capacity if isinstance(capacity, CapacityKeys) else None
     config = ScalerConfig(
-        model=model, capacity=capacity, profile=profile, prometheus_address=prometheus_address, ttft_s=ttft,
+        model=model, capacity=None if keys is not None else capacity, capacity_keys=keys, profile=profile,
+        prometheus_address=prometheus_address, ttft_s=ttft,
         target_utilization=utilization, lead_time_s=lead, lead_time_auto=lead_auto, scale_down_delay_s=delay,
         min_replicas=low, max_replicas=high, activation_query=activation_query, activation_threshold=threshold,
         namespace_label=namespace_label, label_selector=selector, rate_window_s=window,
-        scrape_targets=scrape_targets, tunables=tuple(tunables),
+        scrape_targets=scrape_targets, tunables=tuple(tunables), traffic_weight=traffic_weight,
+        route_selector=route_selector,
     )
     _check_policy(config, raw, {field: key for key, (field, _) in tunable_specs.items()})
     return config
@@ -268,8 +344,9 @@ def _parse(given: Mapping[str, str]) -> ScalerConfig:
 
 def _check_policy(config: ScalerConfig, raw: Mapping[str, str], key_of_field: dict[str, str]) -> None:
     """Let the policy's own validation speak too, each complaint translated back to its metadata key."""
-    try:
-        config.policy_config()
+    try:  # engine limits left open are checked per snapshot; any valid ones stand in here
+        config.policy_config(capacity=config.capacity or (config.capacity_keys.capacity(1, 1)
+                                                           if config.capacity_keys is not None else None))
     except (TypeError, ValueError) as exc:
         keys = {**CORE_POLICY_FIELDS, **key_of_field}
         problems = []

@@ -2,21 +2,24 @@
 
 ``decide(signals, state, config, now)`` is pure: no clock, no I/O, no randomness; its memory is the
 immutable ``PolicyState`` it returns. It sizes a vLLM fleet in *replica units* (1.0 = the token work
-one replica sustains within the SLO, ``ReplicaCapacity``):
+one replica sustains within the SLO, ``ReplicaCapacity``) with one small model:
 
-1. demand = prompt tokens/s × their length-dependent cost ÷ prefill capacity (long prompts cost
-   more per token: ``ReplicaCapacity.prefill_cost_factor``) + generated tokens/s ÷ decode capacity, plus the
-   growth of the waiting backlog over the rate window (a saturated fleet's throughput understates
-   what arrives: arrivals = served + backlog growth), scaled by what a replica really delivers on
-   this workload (``scaler.efficiency``, learned from the fleet's measured TTFT tail, queue and KV cache);
-2. forecast = demand + the confident part of its robust trend × lead time (peak, and sustained);
-3. projected backlog = what is still queued when replicas ordered now could be ready, with the
-   replicas already starting counted as they come (no 2→4→8 runaway);
-4. needed = max(max(sustained forecast, current demand) ÷ target utilization, peak forecast,
-   peak forecast + projected backlog ÷ drain time);
-5. desired = the largest recommendation of the last ``scale_down_delay_s`` (scale-up is immediate,
-   scale-down waits), bounded by min/max and at least 1 while active; never below the current fleet
-   while the measured TTFT tail misses the SLO (``tail_hold``).
+1. **capacity** of a replica at the SLO: prefill (with the n² attention term of long prompts,
+   ``ReplicaCapacity.prefill_cost_factor``), decode within the TPOT SLO, the KV ledger; times the
+   efficiency learned from the measured TTFT tail (``scaler.efficiency``, one rule);
+2. **demand** as token work: what the fleet served plus the growth of the waiting backlog over the
+   rate window (arrivals = served + backlog growth: a saturated fleet's throughput hides the rest),
+   and the backlog itself;
+3. **headroom** over the measured lead time, sized from the demand's own variability: the ``q``
+   quantile of how far demand rose within past lead times (``scaler.forecast.lead_time_headroom``).
+   The fleet now must carry the peak of the next lead time, because nothing ordered now serves
+   sooner, and nothing removed now comes back sooner: so scale-down happens only when the fleet
+   that remains could carry that peak until it could scale back up;
+4. **backlog**: the queue projected to when replicas ordered now could be ready, the replicas already
+   starting counted as they come (no 2→4→8 runaway), cleared within ``backlog_drain_s``;
+5. desired = ceil(max(peak, demand + projected backlog / drain time, KV) / target utilization), the
+   largest of the last ``scale_down_delay_s`` (KEDA's scale-down delay), within min/max and at
+   least 1 while active.
 
 The maths and every term are explained in docs/policy.md.
 """
@@ -41,22 +44,31 @@ MIN_WAIT_SHARE = 0.1
 MAX_LEAD_TIME_S = 86_400.0
 """A measured lead time above a day is a broken measurement; it is clipped, not trusted."""
 
+HISTORY_SPACING_S = 15.0
+"""One demand sample per Prometheus scrape interval in the headroom's history (240 = one hour)."""
+
+KV_SAFE_USAGE = 0.9
+"""Share of a replica's KV cache the fleet may plan to fill (vLLM preempts when it is full)."""
+
 
 @dataclass(frozen=True)
 class PolicyConfig:
     """The policy's settings; validated on construction (``ValueError`` naming field, value, range).
 
-    Defaults and why: ``target_utilization`` 0.8 leaves room for arrival variance within the SLO;
+    Defaults and why: ``headroom_quantile`` 0.9: the fleet carries the peak of the next lead time in
+    nine horizons out of ten (measured on the policy suite, docs/autoscaling.md: the late tenth is
+    what the 5 % TTFT budget absorbs); ``headroom_history_s`` one hour: long enough for a hundred
+    lead-time horizons, short enough to follow the hour's traffic; ``prior_rise`` 0.25 (the 0.8
+    target utilization it replaces) until ``prior_horizons`` horizons of evidence exist;
     ``backlog_drain_s`` 60 equals the usual rate window (a faster drain cannot be observed in 60 s
-    rates, so it would only overshoot); ``trend_window_s`` 600 is over twice the lead time (the
-    forecast never reaches further ahead than the evidence behind it) and holds 10 independent
-    points at one per 60 s rate window, enough for Theil–Sen to shrug off outliers and bursts;
-    ``trend_confidence`` 0.8 extrapolates only a slope that is positive with 90 % one-sided confidence.
+    rates, so it would only overshoot); ``target_utilization`` 1: the capacity is already the one
+    within the SLO, and the headroom is measured, so no blind margin is added unless asked for.
     """
 
     capacity: ReplicaCapacity
     ttft_slo_s: float = 2.0
-    target_utilization: float = 0.8
+    target_utilization: float = 1.0
+    """Share of the capacity at the SLO the fleet may plan to use, on top of the measured headroom."""
     lead_time_s: float = 180.0
     scale_down_delay_s: float = 300.0
     min_replicas: int = 0
@@ -64,8 +76,16 @@ class PolicyConfig:
     activation_threshold: float = 0.0
     backlog_drain_s: float = 60.0
     """Seconds in which a backlog left when new replicas arrive should be cleared."""
+    headroom_quantile: float = 0.9
+    """Quantile of past lead-time rises of demand the fleet carries (the conformal level)."""
+    headroom_history_s: float = 3600.0
+    """Seconds of demand history whose lead-time rises size the headroom."""
+    prior_rise: float = 0.25
+    """Relative rise assumed before the history holds ``prior_horizons`` horizons."""
+    prior_horizons: int = 5
+    """Pseudo-observations of ``prior_rise`` (five minutes of 15 s samples), fading with evidence."""
     trend_window_s: float = 600.0
-    """Seconds of demand history behind the trend."""
+    """Seconds of demand history behind the trend of the forecast."""
     trend_confidence: float = 0.8
     """Two-sided confidence of the Theil–Sen interval whose lower bound is extrapolated."""
     rate_window_s: float = 60.0
@@ -76,10 +96,10 @@ class PolicyConfig:
         if not isinstance(self.capacity, ReplicaCapacity):
             problems.append(f"capacity={self.capacity!r}: must be a ReplicaCapacity")
 
-        def number(name: str, low: float, high: float, low_open: bool, allowed: str) -> None:
+        def number(name: str, low: float, high: float, low_open: bool, allowed: str, high_open: bool = False) -> None:
             value = getattr(self, name)
             ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-            ok = ok and (value > low if low_open else value >= low) and value <= high
+            ok = ok and (value > low if low_open else value >= low) and (value < high if high_open else value <= high)
             if not ok:
                 problems.append(f"{name}={value!r}: must be {allowed}")
 
@@ -89,12 +109,13 @@ class PolicyConfig:
         number("scale_down_delay_s", 0.0, math.inf, False, "a finite number >= 0")
         number("activation_threshold", -math.inf, math.inf, False, "a finite number")
         number("backlog_drain_s", 0.0, math.inf, True, "a finite number > 0")
-        number("trend_window_s", 0.0, math.inf, True, "a finite number > 0")
-        number("trend_confidence", 0.0, 1.0, True, "a number with 0 < c < 1")
+        number("headroom_quantile", 0.0, 1.0, True, "a number with 0 < q < 1", high_open=True)
+        number("headroom_history_s", 0.0, math.inf, True, "a finite number > 0")
+        number("prior_rise", 0.0, 100.0, False, "a number in [0, 100]")
         number("rate_window_s", 0.0, math.inf, True, "a finite number > 0")
-        if self.trend_confidence == 1.0:
-            problems.append("trend_confidence=1.0: must be a number with 0 < c < 1")
-        for name in ("min_replicas", "max_replicas"):
+        number("trend_window_s", 0.0, math.inf, True, "a finite number > 0")
+        number("trend_confidence", 0.0, 1.0, True, "a number with 0 < c < 1", high_open=True)
+        for name in ("min_replicas", "max_replicas", "prior_horizons"):
             value = getattr(self, name)
             if not (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
                 problems.append(f"{name}={value!r}: must be an integer >= 0")
@@ -112,7 +133,9 @@ class PolicyState:
     """What the policy remembers between decisions; ``PolicyState()`` is the initial state."""
 
     demand: window.Samples = ()
-    """(t, demand in replica units) over ``trend_window_s``: the trend's input."""
+    """(t, modelled demand in replica units), one per ``HISTORY_SPACING_S`` over the headroom history."""
+    slopes: window.Samples = ()
+    """(t, confident demand trend in replica units per second) at the times of ``demand``."""
     waiting: window.Samples = ()
     """(t, waiting tokens) over the rate window: backlog growth."""
     capacity: efficiency.CapacityMemory = field(default_factory=efficiency.CapacityMemory)
@@ -168,7 +191,16 @@ def _prompt_length(signals: Signals) -> tuple[float | None, float]:
     return signals.mean_prompt_tokens, 1.0 if signals.mean_prompt_tokens is not None else 0.0
 
 
-def _work_per_waiting_token(signals: Signals, cap: ReplicaCapacity, prefill_factor: float) -> float:
+def _decode_context(signals: Signals) -> float | None:
+    """Mean context a generated token attends to: its prompt plus half its output (None: unknown)."""
+    prompt, output = signals.mean_prompt_tokens, signals.mean_output_tokens
+    if prompt is None or output is None or prompt < 0 or output < 0:
+        return None
+    return _clip(prompt + output / 2.0)
+
+
+def _work_per_waiting_token(signals: Signals, cap: ReplicaCapacity, prefill_factor: float,
+                            decode_factor: float = 1.0) -> float:
     """Replica-seconds of work one waiting prompt token brings: its prefill (at the recent prompts'
     length-dependent cost) plus, when mean lengths are known, its share of decode (mean output / mean
     prompt tokens of generation). Without the means only prefill is counted: the queue drains, and
@@ -178,8 +210,20 @@ def _work_per_waiting_token(signals: Signals, cap: ReplicaCapacity, prefill_fact
     work = prefill_factor / cap.prefill_tokens_per_s
     mean_prompt, mean_output = signals.mean_prompt_tokens, signals.mean_output_tokens
     if mean_prompt is not None and mean_output is not None and mean_prompt > 0 and mean_output > 0:
-        work += _clip(mean_output / mean_prompt) / cap.decode_tokens_per_s
+        work += _clip(mean_output / mean_prompt) * decode_factor / cap.decode_tokens_per_s
     return _clip(work)
+
+
+def _growth(waiting: window.Samples, now_tokens: float, now: float, over_s: float) -> float:
+    """Growth of the waiting tokens over the last ``over_s`` (tokens/s, signed); 0 without that much
+    history, except that a young history spanning half of it is used from its oldest sample."""
+    past_t = now - over_s
+    past = window.value_at(waiting, past_t)
+    if past is None and waiting and now - waiting[0][0] >= over_s / 2:
+        past_t, past = waiting[0]
+    if past is None or now <= past_t:
+        return 0.0
+    return (now_tokens - past) / (now - past_t)
 
 
 def _track_starting(previous: tuple[float, ...], starting: int, now: float) -> tuple[float, ...]:
@@ -196,78 +240,83 @@ def decide(signals: Signals, state: PolicyState, config: PolicyConfig, now: floa
     lead = signals.lead_time_s if signals.lead_time_s is not None and signals.lead_time_s >= 0 else None
     lead_s = min(lead if lead is not None else config.lead_time_s, MAX_LEAD_TIME_S)
 
-    # 1. demand: served work plus backlog growth over the rate window (conservation of work)
+    # 1. demand as token work: served work plus backlog growth over the rate window (conservation of work)
     waiting_tokens, estimated = _waiting_tokens(signals, config)
     prompt_tps = _clip(signals.prompt_tokens_per_s)
     generation_tps = _clip(signals.generation_tokens_per_s)
     prompt_length, prompt_length_estimated = _prompt_length(signals)
     prefill_factor = _clip(cap.prefill_cost_factor(prompt_length))
-    served = _clip(prompt_tps * prefill_factor / cap.prefill_tokens_per_s + generation_tps / cap.decode_tokens_per_s)
-    work_per_token = _work_per_waiting_token(signals, cap, prefill_factor)
-    growth_tps = 0.0
-    past_t = now - config.rate_window_s
-    past = window.value_at(state.waiting, past_t)
-    if past is None and state.waiting and now - state.waiting[0][0] >= config.rate_window_s / 2:
-        past_t, past = state.waiting[0]  # young history: the oldest sample if it spans half the window
-    if past is not None:
-        growth_tps = (waiting_tokens - past) / (now - past_t)
-    nominal = _clip(served + max(-BIG, min(growth_tps, BIG)) * work_per_token)
+    context = _decode_context(signals)
+    decode_factor = _clip(cap.decode_cost_factor(context))
+    # prompt tokens the prefix cache serves are not prefilled again (vLLM counts them as prompt tokens)
+    cached = min(max(signals.prefix_cache_hit_share or 0.0, 0.0), 1.0)
+    prefill_factor_uncached = prefill_factor * (1.0 - cached)
+    served = _clip(prompt_tps * prefill_factor_uncached / cap.prefill_tokens_per_s
+                   + generation_tps * decode_factor / cap.decode_tokens_per_s)
+    work_per_token = _work_per_waiting_token(signals, cap, prefill_factor_uncached, decode_factor)
+    # a request's TTFT is its wait plus its own prefill: only what the prefill leaves of the SLO may be spent waiting
+    own_prefill_s = _clip((prompt_length or 0.0) * prefill_factor_uncached / cap.prefill_tokens_per_s)
+    wait_budget_s = max(config.ttft_slo_s - own_prefill_s, config.ttft_slo_s * MIN_WAIT_SHARE)
     nominal_backlog = _clip(waiting_tokens * work_per_token)
+    growth_tps = _growth(state.waiting, waiting_tokens, now, config.rate_window_s)
+    # a backlog that alone makes first tokens late is a surge, and a rate window lags it by half its length:
+    # read its growth over the last quarter window too (Knative's panic window), the larger wins
+    surging = nominal_backlog > wait_budget_s * max(signals.ready_replicas, 1)
+    if surging:
+        growth_tps = max(growth_tps, _growth(state.waiting, waiting_tokens, now, config.rate_window_s / 4))
+    nominal = _clip(served + max(-BIG, min(growth_tps, BIG)) * work_per_token)
     waiting_samples = window.push(state.waiting, now, waiting_tokens, config.rate_window_s * 1.5)
     recent_waiting = window.since(waiting_samples, now - config.rate_window_s)
     mean_queue = _clip(sum(v for _, v in recent_waiting) / len(recent_waiting) * work_per_token)
-    # a queue all window long: the rates of that window are what the fleet can do, not what it was asked
-    queued_throughout = (waiting_samples[0][0] <= now - config.rate_window_s
-                         and all(v > 0 for _, v in recent_waiting))
 
-    # 2. what a replica really delivers on this workload (learned from past snapshots only)
-    # a request's TTFT is its wait plus its own prefill: only what the prefill leaves of the SLO may be spent
-    # waiting (a long-prompt workload runs at its edge with a shorter queue than a chat one)
-    own_prefill_s = _clip((prompt_length or 0.0) * prefill_factor / cap.prefill_tokens_per_s)
-    wait_budget_s = max(config.ttft_slo_s - own_prefill_s, config.ttft_slo_s * MIN_WAIT_SHARE)
-    late_share = (histograms.share_above(dict(signals.ttft_buckets), config.ttft_slo_s)
-                  if signals.ttft_buckets else None)
-    seen, capacity_memory = efficiency.assess(state.capacity, signals, served, mean_queue, queued_throughout, now,
-                                              config.rate_window_s, config.target_utilization, wait_budget_s,
-                                              lead_s, late_share)
-    level = _clip(seen.factor * nominal)
+    # 2. what a replica really delivers (one rule, from past windows only: scaler.efficiency)
+    measured_late = (histograms.share_above(dict(signals.ttft_buckets), config.ttft_slo_s)
+                     if signals.ttft_buckets else None)
+    queue_wait_s = min(mean_queue / served, BIG) if served > 0 else 0.0
+    late_share = (measured_late if measured_late is not None
+                  else efficiency.estimated_late_share(queue_wait_s, wait_budget_s) if served > 0 else None)
+    seen, capacity_memory = efficiency.assess(state.capacity, signals, served, late_share, now, config.rate_window_s)
+    demand = _clip(nominal / seen.efficiency)
+    backlog = _clip(nominal_backlog / seen.efficiency)
+    kv_demand = _clip(seen.kv_replicas / KV_SAFE_USAGE)
 
-    # 3. forecast over the lead time from the confident part of the trend (of nominal demand)
-    demand_samples = window.push(state.demand, now, nominal, config.trend_window_s)
-    trend = forecast.robust_trend(demand_samples, config.trend_confidence, config.trend_window_s / 2,
-                                  spacing_s=config.rate_window_s)
-    slope = _clip(seen.factor * trend.used)
-    predicted = _clip(level + slope * lead_s)
-    recent = window.since(demand_samples, now - lead_s)
-    sustained = _clip(seen.factor * sum(v for _, v in recent) / len(recent))
-    predicted_sustained = _clip(sustained + slope * (lead_s + (now - recent[0][0]) / 2))
+    # an idle model gets no headroom: scale-to-zero stays possible, activation wakes it
+    active = (signals.requests_waiting > 0 or signals.requests_running > 0
+              or (signals.activation_value is not None and signals.activation_value > config.activation_threshold))
+    # 3. headroom: the quantile of how far demand rose within past lead times (modelled units, so the
+    # efficiency learned later applies to the whole history)
+    first_seen = now if state.first_seen is None else state.first_seen
+    # a rate window that began before the scaler's first look may hold a ramp from nothing: not evidence
+    recording = now - first_seen >= config.rate_window_s
+    history = (forecast.push_spaced(state.demand, now, nominal, config.headroom_history_s, HISTORY_SPACING_S)
+               if recording else state.demand)
+    trend = forecast.robust_trend(window.since(history, now - config.trend_window_s), config.trend_confidence,
+                                  config.trend_window_s / 2, spacing_s=config.rate_window_s)
+    slopes = (forecast.push_spaced(state.slopes, now, trend.used, config.headroom_history_s, HISTORY_SPACING_S)
+              if recording and history and history[-1][0] == now else state.slopes)
+    slopes = tuple(s for s in slopes if s[0] >= (history[0][0] if history else now))
+    headroom = forecast.lead_time_headroom(history, slopes, lead_s, nominal, config.headroom_quantile,
+                                           config.prior_rise, config.prior_horizons)
+    slope = _clip(trend.used / seen.efficiency)
+    forecast_demand = _clip(demand + slope * lead_s)
+    peak = _clip(forecast_demand + headroom.rise * (max(demand, forecast.RISE_FLOOR) if active else demand))
 
     # 4. backlog when new replicas could arrive, counting those already starting as they come
     starting_since = _track_starting(state.starting_since, signals.starting_replicas, now)
     arrivals = tuple(max(0.0, lead_s - (now - t)) for t in starting_since)
-    backlog = _clip(seen.factor * nominal_backlog)
-    projected = _clip(forecast.project_backlog(backlog, level, slope, signals.ready_replicas, arrivals, lead_s))
+    projected = _clip(forecast.project_backlog(backlog, demand, slope, signals.ready_replicas, arrivals, lead_s))
+    for_backlog = _clip(demand + projected / config.backlog_drain_s)
 
-    # 5. replicas needed at the horizon
-    for_utilization = max(predicted_sustained, level, seen.kv_replicas) / config.target_utilization
-    for_peak = predicted
-    for_backlog = predicted + projected / config.backlog_drain_s
-    needed = min(max(for_utilization, for_peak, for_backlog), float(config.max_replicas))
+    # 5. replicas needed now: the lead time's peak, the backlog's drain, the KV ledger
+    needed = min(max(peak, for_backlog, kv_demand) / config.target_utilization, float(config.max_replicas))
 
-    # 6. activity, bounds and the scale-down stabilization window
-    active = (signals.requests_waiting > 0 or signals.requests_running > 0
-              or (signals.activation_value is not None and signals.activation_value > config.activation_threshold))
+    # 6. bounds and the scale-down stabilization window
     recommended = min(max(math.ceil(needed - 1e-9), config.min_replicas), config.max_replicas)
     if active:
         recommended = max(recommended, 1)
     current = signals.ready_replicas + signals.starting_replicas
-    # a fleet whose measured tail misses the SLO is never made smaller, whatever the estimate says
-    tail_hold = late_share is not None and late_share > efficiency.TAIL_SHARE and recommended < current
-    if tail_hold:
-        recommended = min(current, config.max_replicas)
     recommendations = window.push_max(state.recommendations, now, float(recommended), config.scale_down_delay_s)
     stabilized = window.maximum(recommendations, now - config.scale_down_delay_s) or 0.0
-    first_seen = now if state.first_seen is None else state.first_seen
     if now - first_seen < config.scale_down_delay_s:
         stabilized = max(stabilized, float(current))  # a fresh scaler has no window yet: hold the fleet
     desired = min(max(int(stabilized), recommended, config.min_replicas), config.max_replicas)
@@ -279,56 +328,57 @@ def decide(signals: Signals, state: PolicyState, config: PolicyConfig, now: floa
         "prompt_tokens_weighted_mean": _clip(prompt_length) if prompt_length is not None else 0.0,
         "prompt_length_estimated": prompt_length_estimated,
         "prefill_cost_factor": prefill_factor,
+        "prefix_cache_hit_share": cached,
+        "decode_context_tokens": context if context is not None else 0.0,
+        "decode_cost_factor": decode_factor,
         "served_replicas": served,
         "backlog_growth_tokens_per_s": max(-BIG, min(growth_tps, BIG)),
+        "surging": 1.0 if surging else 0.0,
         "nominal_demand_replicas": nominal,
-        "kv_replicas": seen.kv_replicas,
-        "kv_factor": seen.kv_factor,
         "efficiency": seen.efficiency,
-        "capacity_factor": seen.factor,
-        "saturated": 1.0 if seen.saturated else 0.0,
-        "demand_replicas": level,
+        "load_per_replica": _clip(seen.load_per_replica),
+        "ttft_late_share": late_share if late_share is not None else 0.0,
+        "ttft_measured": 1.0 if measured_late is not None else 0.0,
+        "queue_wait_s": queue_wait_s,
+        "wait_budget_s": wait_budget_s,
+        "demand_replicas": demand,
+        "kv_replicas": seen.kv_replicas,
+        "headroom_rise": headroom.rise,
+        "headroom_horizons": float(headroom.horizons),
         "trend_replicas_per_s": max(-BIG, min(trend.slope, BIG)),
         "trend_used_replicas_per_s": slope,
-        "forecast_replicas": predicted,
-        "sustained_demand_replicas": sustained,
-        "sustained_forecast_replicas": predicted_sustained,
+        "forecast_replicas": forecast_demand,
+        "peak_replicas": peak,
         "backlog_replica_s": backlog,
-        "queue_wait_s": seen.queue_wait_s,
-        "wait_budget_s": wait_budget_s,
-        "ttft_late_share": late_share if late_share is not None else 0.0,
-        "ttft_measured": 1.0 if late_share is not None else 0.0,
         "projected_backlog_replica_s": projected,
-        "tail_hold": 1.0 if tail_hold else 0.0,
         "ready_replicas": float(signals.ready_replicas),
         "starting_replicas": float(signals.starting_replicas),
-        "needed_for_utilization": for_utilization,
-        "needed_for_peak": for_peak,
+        "needed_for_peak": peak,
         "needed_for_backlog": for_backlog,
+        "needed_for_kv": kv_demand,
         "recommended_replicas": float(recommended),
         "stabilized_replicas": stabilized,
         "desired_replicas": float(desired),
         "active": 1.0 if active else 0.0,
     }
     new_state = PolicyState(
-        demand=demand_samples,
+        demand=history,
+        slopes=slopes,
         waiting=waiting_samples,
         capacity=capacity_memory,
         recommendations=recommendations,
         starting_since=starting_since,
         first_seen=first_seen,
     )
-    reason = _reason(desired, recommended, current, predicted, lead_s, config)
-    if tail_hold and desired == current:
-        reason = (f"hold {desired}: {late_share:.0%} of first tokens came after the {config.ttft_slo_s:g} s SLO, "
-                  f"and a fleet missing its SLO is not made smaller")
+    reason = _reason(desired, recommended, current, peak, lead_s, headroom, config)
     return Decision(desired, active, MappingProxyType(terms), reason, new_state)
 
 
-def _reason(desired: int, recommended: int, current: int, predicted: float, lead_s: float,
-            config: PolicyConfig) -> str:
+def _reason(desired: int, recommended: int, current: int, peak: float, lead_s: float,
+            headroom: forecast.Headroom, config: PolicyConfig) -> str:
     """One sentence a person can check against the terms."""
-    outlook = f"forecast demand {predicted:.2f} replicas in {lead_s:g} s at {config.target_utilization:g} target"
+    outlook = (f"peak demand {peak:.2f} replicas over the next {lead_s:g} s (+{headroom.rise:.0%}, the "
+               f"q{config.headroom_quantile:g} rise of {headroom.horizons} past lead times)")
     if recommended < desired:
         return (f"keep {desired} (now {current}): {outlook} needs {recommended}, but scale-down waits out the "
                 f"{config.scale_down_delay_s:g} s stabilization window")

@@ -38,10 +38,16 @@ class Signals:
     ttft_buckets: tuple[tuple[float, float], ...] | None = None
     """rate() of vllm:time_to_first_token_seconds buckets summed over replicas: ((le, per s), ...),
     cumulative, ``inf`` last; the policy reads the share of first tokens later than its SLO."""
+    prefix_cache_hit_share: float | None = None
+    """rate(vllm:prefix_cache_hits_total) / rate(vllm:prefix_cache_queries_total): the share of prompt
+    tokens the prefix cache served over the rate window (their prefill is not recomputed); 0..1."""
     waiting_tokens: float | None = None
     """Exact prompt tokens waiting, when a gateway or the simulator knows them; else estimated."""
     kv_cache_usage: float | None = None
     """Mean vllm:kv_cache_usage_perc over ready replicas, 0..1."""
+    kv_cache_tokens: float | None = None
+    """KV-cache tokens of one replica from vLLM's own ``vllm:cache_config_info`` (``num_gpu_blocks`` ×
+    ``block_size``, summed over a pod's engines), the smallest over ready replicas; None: not exported."""
     lead_time_s: float | None = None
     """Measured cold-start lead time (p90); None: use the configured one."""
     activation_value: float | None = None

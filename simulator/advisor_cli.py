@@ -3,8 +3,10 @@
 ``leadscale tune --trace T --profile P --slo-ttft 2 [--cold-start SPEC] [--trials N] --out DIR [--json]``
 takes every workload, profile, SLO and seed flag of ``simulate``, searches leadscale's settings and
 the HPA behavior (``simulator.tuner``), and writes into DIR: ``report.md``, ``report.html`` and PNGs,
-``scaledobject.yaml`` (apply it), ``values.yaml`` (``helm install -f`` for charts/leadscale) and
-``recommendation.json`` (what ``--json`` prints).
+``scaledobject.yaml`` (apply it), ``values.yaml`` (``helm install -f`` for charts/leadscale),
+``vllm-drain.yaml`` (preStop, grace period and ``--shutdown-timeout`` for the vLLM Deployment) and
+``recommendation.json`` (what ``--json`` prints). The report opens with one replica's capacity at the
+SLO and a fixed ``--fixed-stage`` (2) replica stage, and ends with the gateway's queue limit.
 
 ``leadscale advise --prometheus URL --model NAME [--since 7d] [--step 60] [--span 4h] --out DIR``
 rebuilds the workload from that Prometheus' vLLM history (``simulator.history``), keeps its busiest
@@ -61,6 +63,8 @@ def add_tune_arguments(parser: argparse.ArgumentParser, model_required: bool = F
     g.add_argument("--jobs", type=int, default=0, help="parallel processes (default: one per core)")
     g.add_argument("--batch", type=_count, default=2,
                    help="trials asked per round (default 2); results depend on it, not on --jobs")
+    g.add_argument("--fixed-stage", type=_count, default=2,
+                   help="replicas of the fixed stage reported before any autoscaling advice (default 2)")
     g.add_argument("--min-replicas", type=int, default=1, help="minReplicaCount (default 1)")
     g.add_argument("--max-replicas", type=int, default=100, help="maxReplicaCount (default 100)")
     m = parser.add_argument_group("manifests")
@@ -146,6 +150,16 @@ def run_advise(args: argparse.Namespace) -> int:
         return 2
 
 
+def drain_advice(run: Any) -> dict[str, Any]:
+    """The drain rule (``scaler.kube.drain.drain_timing``) on a run's p99 end-to-end request time."""
+    from dataclasses import asdict
+
+    from scaler.kube.drain import drain_timing
+
+    p99 = float(run.summary.get("e2e_p99") or 0.0) if run is not None else 0.0
+    return {"p99_request_s": p99, **asdict(drain_timing(p99))}
+
+
 def busiest(workload: Any, span_s: float) -> Any:
     """The ``span_s`` window with the most requests (the whole workload when shorter)."""
     import numpy as np
@@ -181,10 +195,11 @@ def _say(args: argparse.Namespace, message: str) -> None:
 
 def _tune_and_write(args: argparse.Namespace, workload: Any, profile: Any, slo_ttft_s: float, slo_tpot_s: float,
                     seed: int, title: str, history_report: dict[str, Any] | None) -> int:
-    from simulator import manifests
+    from simulator import manifests, queue_limit
     from simulator.advisor_report import write_report
     from simulator.policies import parse_policies
-    from simulator.tuner import TuneInputs, tune
+    from simulator.stage import stage_report
+    from simulator.tuner import TuneInputs, limit_runs, tune
 
     if args.min_replicas < 0 or args.max_replicas < max(1, args.min_replicas):
         raise ValueError(f"--min-replicas {args.min_replicas} / --max-replicas {args.max_replicas}: need "
@@ -193,10 +208,20 @@ def _tune_and_write(args: argparse.Namespace, workload: Any, profile: Any, slo_t
     inputs = TuneInputs(workload, profile, args.cold_start, slo_ttft_s, slo_tpot_s, seed, args.target, args.holdout,
                         args.min_replicas, args.max_replicas)
     started = time.perf_counter()
-    result = tune(inputs, trials=args.trials, jobs=args.jobs or (os.cpu_count() or 1), batch=args.batch,
+    jobs = args.jobs or (os.cpu_count() or 1)
+    _say(args, f"one replica at the SLO and a fixed {args.fixed_stage}-replica stage")
+    stage = stage_report(workload, profile, slo_ttft_s, slo_tpot_s, seed, replicas=args.fixed_stage)
+    result = tune(inputs, trials=args.trials, jobs=jobs, batch=args.batch,
                   top=args.top, seeds=args.seeds, baselines=baselines, progress=lambda m: _say(args, m))
+    limits = queue_limit.candidates(workload, profile, slo_ttft_s)
+    _say(args, f"gateway queue limits {', '.join(f'{x:g}' for x in limits)} tokens/replica and none")
+    limit_results = limit_runs(inputs, result.best.settings, [*limits, None], jobs)
+    limit = queue_limit.recommend([queue_limit.judge(x, r, slo_ttft_s) for x, r in zip([*limits, None], limit_results,
+                                                                                       strict=True)],
+                                  workload, profile, slo_ttft_s, args.target)
+    drain = drain_advice(result.details["recommended"])
     out = Path(args.out)
-    write_report(result, out, title, history_report)
+    write_report(result, out, title, history_report, stage=stage, limit=limit, drain=drain)
     best = result.best.settings
     profile_name = getattr(profile, "name", str(profile))
     common = dict(model=args.model, profile=profile_name, slo_ttft_s=slo_ttft_s, target=args.deployment,
@@ -208,8 +233,12 @@ def _tune_and_write(args: argparse.Namespace, workload: Any, profile: Any, slo_t
         best, namespace=args.namespace, scaler_address=args.scaler_address, **common), header))
     (out / "values.yaml").write_text(manifests.dump(manifests.chart_values(
         best, namespace=args.namespace, **common), header + "\nhelm install leadscale charts/leadscale -f values.yaml"))
-    payload = json_safe({**result.to_json(), "history": history_report,
-                      "wall_seconds": time.perf_counter() - started})
+    (out / "vllm-drain.yaml").write_text(manifests.dump(manifests.drain_patch(drain, args.deployment, args.namespace),
+                                                         f"{title}: merge into the vLLM Deployment (kubectl patch "
+                                                         "--type strategic, or your manifests)"))
+    payload = json_safe({**result.to_json(), "history": history_report, "stage": stage.to_json(),
+                         "queue_limit": limit.to_json(), "drain": drain,
+                         "wall_seconds": time.perf_counter() - started})
     (out / "recommendation.json").write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
     if args.json:
         print(json.dumps(payload, sort_keys=True))

@@ -1,11 +1,15 @@
 """``report.md`` + ``report.html`` for ``leadscale tune`` / ``advise``: the recommendation and its evidence.
 
-Sections: the recommended settings next to the defaults; the robustness check (each shortlisted
-candidate's GPU-hours and SLO attainment, min/mean/max over seeds, on the search and held-out
-windows); the recommendation against every baseline policy on the held-out window (the table and
-plots of ``simulator.report``: demand against ready and starting replicas, TTFT over time, CDFs);
-GPU-hours against SLO attainment for every trial with the Pareto front; and, for ``advise``, what
-was read from Prometheus (resets, gaps). Inputs are a ``TuneResult``; nothing is re-simulated.
+Sections: first, before any autoscaling advice, one replica's capacity at the SLO and what a fixed
+two-replica stage would have served (``simulator.stage``); the recommended settings next to the
+defaults; the robustness check (each shortlisted candidate's GPU-hours and SLO attainment,
+min/mean/max over seeds, on the search and held-out windows); the recommendation against every
+baseline policy on the held-out window (the table and plots of ``simulator.report``: demand against
+ready and starting replicas, TTFT over time, CDFs); GPU-hours against SLO attainment for every trial
+with the Pareto front; the gateway's queue limit (``simulator.queue_limit``: rejected share against
+the limit, plotted); the drain settings of the vLLM pods (``scaler.kube.drain.drain_timing``); and,
+for ``advise``, what was read from Prometheus (resets, gaps). Inputs are a ``TuneResult`` and those
+reports; nothing is re-simulated here.
 """
 
 from __future__ import annotations
@@ -64,7 +68,8 @@ def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
     return lines + ["| " + " | ".join(_fmt(c) for c in row) + " |" for row in rows]
 
 
-def sections(result: TuneResult, history: Mapping[str, Any] | None = None) -> list[tuple[str, list[str]]]:
+def sections(result: TuneResult, history: Mapping[str, Any] | None = None, stage: Any = None, limit: Any = None,
+             drain: Mapping[str, Any] | None = None) -> list[tuple[str, list[str]]]:
     """(title, markdown lines) in report order, shared by the .md and the .html."""
     i, best, target = result.inputs, result.best, result.inputs.target
     verdict = ("holds up: every re-run on both windows met the target" if result.holds_up else
@@ -96,18 +101,34 @@ def sections(result: TuneResult, history: Mapping[str, Any] | None = None) -> li
                    "yes" if beats(mine, run, target) else "no"] for name, run in result.baselines.items()]
     baselines = _table(["policy (held-out window)", "GPU-hours", "SLO attainment", "p95 TTFT (s)",
                         "recommended beats it"], base_rows)
-    out = [("Summary", intro), ("Recommended settings", settings),
-           ("Robustness: re-runs over seeds and the held-out window", robust),
-           (f"Against the baselines (held-out window, seed {i.seed})", baselines)]
+    out = []
+    if stage is not None:
+        out.append((f"Before autoscaling: one replica and a fixed {stage.fixed.replicas}-replica stage", stage.lines()))
+    out += [("Summary", intro), ("Recommended settings", settings),
+            ("Robustness: re-runs over seeds and the held-out window", robust),
+            (f"Against the baselines (held-out window, seed {i.seed})", baselines)]
+    if limit is not None:
+        out.append(("Overload: the gateway's queue limit (429)", [
+            *limit.lines(), "", "Each candidate is one run of the recommended settings on the held-out window, "
+            "started from half the warm fleet so that replicas start at once; `queue_limit.png` plots it."]))
+    if drain is not None:
+        out.append(("Streaming drain: the vLLM pods' shutdown", [
+            f"p99 request duration {drain['p99_request_s']:.1f} s (the recommended settings' held-out run): vLLM "
+            f"`--shutdown-timeout={drain['shutdown_timeout_s']}`, container `lifecycle.preStop.sleep.seconds: "
+            f"{drain['pre_stop_sleep_s']}` (the endpoint removal reaches kube-proxy and the gateway meanwhile), "
+            f"`terminationGracePeriodSeconds: {drain['termination_grace_period_s']}`; `vllm-drain.yaml` is the "
+            "patch. The simulation drained each removed pod for the same grace."]))
     if history is not None:
         out.append(("Prometheus history", ["```json", json.dumps(history, indent=2, default=str), "```"]))
     return out
 
 
 def write_report(result: TuneResult, out_dir: str | Path, title: str = "leadscale tune",
-                 history: Mapping[str, Any] | None = None) -> dict[str, Path]:
+                 history: Mapping[str, Any] | None = None, stage: Any = None, limit: Any = None,
+                 drain: Mapping[str, Any] | None = None) -> dict[str, Path]:
     """Write report.md, report.html and the PNGs into ``out_dir``; returns their paths."""
-    from simulator.report import markdown_table, plot
+    from simulator import queue_limit
+    from simulator.report import html_block, markdown_table, plot
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -115,7 +136,10 @@ def write_report(result: TuneResult, out_dir: str | Path, title: str = "leadscal
     runs = {"recommended": result.details["recommended"],
             **{n: r for n, r in result.details.items() if n != "recommended" and r is not None}}
     pngs = ["trials.png", *plot(runs, out, result.inputs.slo_ttft_s)]
-    parts = sections(result, history)
+    if limit is not None:
+        queue_limit.plot(limit, out / "queue_limit.png")
+        pngs.append("queue_limit.png")
+    parts = sections(result, history, stage, limit, drain)
     md = [f"# {title}", ""]
     for heading, lines in parts:
         md += [f"## {heading}", "", *lines, ""]
@@ -125,8 +149,8 @@ def write_report(result: TuneResult, out_dir: str | Path, title: str = "leadscal
     body = [f"<h1>{html.escape(title)}</h1>"]
     for heading, lines in parts:
         body.append(f"<h2>{html.escape(heading)}</h2>")
-        body.append(_html_block(lines))
-    body.append("<h2>Simulated runs on the held-out window</h2>" + _html_block(markdown_table(runs).splitlines()))
+        body.append(html_block(lines))
+    body.append("<h2>Simulated runs on the held-out window</h2>" + html_block(markdown_table(runs).splitlines()))
     body += [f"<p><img src='{p}' alt='{p}'></p>" for p in pngs]
     page = ("<!doctype html><html><head><meta charset='utf-8'><title>" + html.escape(title) + "</title><style>"
             "body{font-family:sans-serif;max-width:1100px;margin:auto}table{border-collapse:collapse}"
@@ -134,30 +158,3 @@ def write_report(result: TuneResult, out_dir: str | Path, title: str = "leadscal
             "</style></head><body>" + "".join(body) + "</body></html>")
     (out / "report.html").write_text(page)
     return {"md": out / "report.md", "html": out / "report.html", **{p: out / p for p in pngs}}
-
-
-def _html_block(lines: list[str]) -> str:
-    """Markdown tables become HTML tables, code fences <pre>, other lines paragraphs."""
-    out, table, code = [], [], None
-    for line in [*lines, ""]:
-        if code is not None:
-            if line.startswith("```"):
-                out.append("<pre>" + html.escape("\n".join(code)) + "</pre>")
-                code = None
-            else:
-                code.append(line)
-            continue
-        if line.startswith("|"):
-            if not line.startswith("|---"):
-                table.append([c.strip() for c in line.strip("|").split("|")])
-            continue
-        if table:
-            head = "".join(f"<th>{html.escape(c)}</th>" for c in table[0])
-            rows = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in table[1:])
-            out.append(f"<table><tr>{head}</tr>{rows}</table>")
-            table = []
-        if line.startswith("```"):
-            code = []
-        elif line:
-            out.append(f"<p>{html.escape(line)}</p>")
-    return "".join(out)

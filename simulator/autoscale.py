@@ -9,7 +9,11 @@ re-running this same function.
 
 Every policy, the oracle included, starts from the same warm fleet (``initial_replicas``; default:
 ``initial_fleet``, the smallest fixed fleet that meets the SLO on the first five minutes) and is
-charged GPU time from each pod's creation to its end (``cluster``). The summary adds ``gpu_hours``,
+charged GPU time from each pod's creation to its end (``cluster``). A deleted pod drains for the
+chart's termination grace period (``drain_grace_s``; default: ``scaler.kube.drain.drain_timing`` of
+the p99 end-to-end request time that warm fleet measured on those five minutes, the rule the chart
+and ``shutdown-advice`` apply to Prometheus history); the summary says which (``drain_grace_s``,
+``drain_grace_from``). The summary adds ``gpu_hours``,
 ``max_replicas``, ``mean_replicas``, ``rejected``, ``aborted`` and ``scale_events`` to the core's
 per-request statistics.
 """
@@ -59,6 +63,8 @@ class Outcome:
     rejected: int
     end_s: float
     summary: dict[str, Any] = field(default_factory=dict)
+    status: np.ndarray | None = None
+    """Per-request status (``simulator.results``: finished, rejected, aborted, pending), when known."""
 
 
 @dataclass
@@ -71,6 +77,7 @@ class AutoscaleResult:
     arrival_s: np.ndarray
     ttft_s: np.ndarray
     decisions: list[tuple[float, int, dict[str, float]]] = field(default_factory=list)
+    status: np.ndarray | None = None
 
 
 def default_backend(workload: Any, profile: Any, seed: int, slo_ttft_s: float, **options: Any) -> Backend:
@@ -97,6 +104,8 @@ def profile_keys(profile: Any, slo_ttft_s: float) -> str | dict[str, str]:
             "maxNumSeqs": str(capacity.max_num_seqs), "kvCacheTokens": str(capacity.kv_cache_tokens)}
     if capacity.prefill_attention_tokens is not None:
         keys["prefillAttentionTokens"] = repr(float(capacity.prefill_attention_tokens))
+    if capacity.decode_context_tokens is not None:
+        keys["decodeContextTokens"] = repr(float(capacity.decode_context_tokens))
     return keys
 
 
@@ -108,7 +117,7 @@ def demand_replicas(workload: Any, profile: Any, capacity: Any, duration_s: floa
 
 def run_autoscaled(workload: Any, profile: Any, policy: str | TriggerPolicy | Fixed | OracleSpec,
                    cold_start: str | ColdStart, slo: float, seed: int, *, min_replicas: int = 1,
-                   max_replicas: int = 100, initial_replicas: int | None = None, drain_grace_s: float = 30.0,
+                   max_replicas: int = 100, initial_replicas: int | None = None, drain_grace_s: float | None = None,
                    tick_s: float = 1.0, observe: ObserveConfig | None = None,
                    backend_factory: Callable[..., Backend] = default_backend, oracle_alpha: float | None = None,
                    oracle_steps: int = 5, backend_options: dict[str, Any] | None = None,
@@ -134,11 +143,18 @@ def run_autoscaled(workload: Any, profile: Any, policy: str | TriggerPolicy | Fi
         initial_replicas = starting_fleet(workload, profile, slo_ttft_s, seed, min_replicas=min_replicas,
                                           max_replicas=max_replicas, backend_factory=backend_factory,
                                           backend_options=options)
+    grace_from = "--drain-grace"
+    if drain_grace_s is None:
+        drain_grace_s, grace_from = default_drain_grace(workload, profile, slo_ttft_s, seed, options, initial_replicas,
+                                                        backend_factory), "p99 e2e of the warm fleet's first 5 min"
+    grace = float(drain_grace_s)
 
     def once(plans: list[oracle_mod.PodPlan] | None) -> AutoscaleResult:
         backend = backend_factory(workload, profile, seed, slo_ttft_s, **options)
-        return _simulate(backend, built, cold, seed, slo_ttft_s, need, initial_replicas, drain_grace_s, tick_s,
-                         observe, plans, min_replicas)
+        run = _simulate(backend, built, cold, seed, slo_ttft_s, need, initial_replicas, grace, tick_s,
+                        observe, plans, min_replicas)
+        run.summary.update(drain_grace_s=grace, drain_grace_from=grace_from)
+        return run
 
     if not isinstance(built, OracleSpec):
         return once(None)
@@ -170,6 +186,34 @@ def starting_fleet(workload: Any, profile: Any, slo_ttft_s: float, seed: int, *,
     options = dict(backend_options or {})
     return initial_fleet(workload, profile, _need(workload, profile, slo_ttft_s), slo_ttft_s, seed, min_replicas,
                          max_replicas, lambda head: backend_factory(head, profile, seed, slo_ttft_s, **options))
+
+
+LEGACY_DRAIN_GRACE_S = 30.0
+"""Kubernetes' default terminationGracePeriodSeconds: the grace when no request finished to measure."""
+
+
+def default_drain_grace(workload: Any, profile: Any, slo_ttft_s: float, seed: int,
+                        backend_options: dict[str, Any] | None = None, replicas: int | None = None,
+                        backend_factory: Callable[..., Backend] = default_backend) -> float:
+    """The termination grace the chart's rule gives (``scaler.kube.drain.drain_timing``: preStop sleep +
+    ⌈p99 request duration⌉ + the engine's stop) for the p99 end-to-end time that the warm fleet measures
+    on the first ``INITIAL_WINDOW_S``. Kubernetes' default 30 s when no request finished there."""
+    from scaler.kube.drain import drain_timing
+
+    options = dict(backend_options or {})
+    head = select_window(workload, 0.0, INITIAL_WINDOW_S)
+    if len(head.arrival_s) == 0:
+        return LEGACY_DRAIN_GRACE_S
+    if replicas is None:
+        replicas = starting_fleet(workload, profile, slo_ttft_s, seed, backend_factory=backend_factory,
+                                  backend_options=options)
+    never = as_cold_start("fixed:1")
+    run = _simulate(backend_factory(head, profile, seed, slo_ttft_s, **options), Fixed(replicas), never, seed,
+                    slo_ttft_s, _need(head, profile, slo_ttft_s), replicas, 0.0, 1.0, None, None, 1)
+    p99 = run.summary.get("e2e_p99")
+    if p99 is None or not math.isfinite(p99):
+        return LEGACY_DRAIN_GRACE_S
+    return float(drain_timing(p99).termination_grace_period_s)
 
 
 def initial_fleet(workload: Any, profile: Any, need: np.ndarray, slo_ttft_s: float, seed: int, min_replicas: int,
@@ -325,4 +369,5 @@ def _result(name: str, outcome: Outcome, cluster: Cluster, timeline: list[tuple[
         "demand": np.interp(t, centers, need) if t.size else t,
     }
     decisions = list(getattr(policy, "decisions", []))
-    return AutoscaleResult(name, summary, tl, outcome.arrival_s, outcome.ttft_s, decisions)
+    return AutoscaleResult(name, summary, tl, outcome.arrival_s, outcome.ttft_s, decisions,
+                           getattr(outcome, "status", None))

@@ -4,7 +4,14 @@
 [--json]`` takes every workload, profile, SLO, cold-start and seed flag of ``simulate`` (the core's
 ``add_run_arguments``/``build_run_inputs``), runs each policy (in parallel processes, one per core),
 writes ``DIR/report.md``, ``DIR/report.html``, the PNGs and ``DIR/summary.json``, and with ``--json``
-prints ``{"policies": {name: summary}}`` on stdout (plus ``"oracle"``: its headline figures, when it ran).
+prints ``{"policies": {name: summary}, "fixed_stage": ..., "rollouts": ...}`` on stdout (plus ``"oracle"``:
+its headline figures, when it ran).
+
+The report walks the production path: first one replica's capacity at the SLO and a fixed
+``--fixed-stage`` (2) replica stage (``simulator.stage``), then the policies, then a model rollout
+with leadscale (``simulator.rollout``; ``--rollout auto``: 0 -> 10 % -> 50 % -> 100 % and the same
+with a rollback at 50 %, steps at fifths of the workload; ``--rollout 0:0,600:10,...`` your own
+steps; ``--rollout none`` skips it).
 """
 
 from __future__ import annotations
@@ -44,9 +51,18 @@ def add_compare_arguments(parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--json", action="store_true", help='print {"policies": {name: summary}} on stdout')
     parser.add_argument("--min-replicas", type=int, default=1, help="minReplicaCount of every autoscaler (default 1)")
     parser.add_argument("--max-replicas", type=int, default=100, help="maxReplicaCount (default 100)")
-    parser.add_argument("--drain-grace", type=float, default=30.0,
-                        help="termination grace period of a deleted pod, seconds (default 30)")
+    parser.add_argument("--drain-grace", type=float, default=None,
+                        help="termination grace period of a deleted pod, seconds (default: the chart's rule, "
+                             "preStop 10 s + p99 request duration + 5 s, on the warm fleet's first five minutes)")
     parser.add_argument("--jobs", type=int, default=0, help="parallel processes (default: one per core)")
+    parser.add_argument("--fixed-stage", type=int, default=2, metavar="N",
+                        help="replicas of the fixed stage reported first (default 2; 0 skips it)")
+    parser.add_argument("--rollout", default="auto", metavar="auto|none|T:PCT,...",
+                        help="rollout scenarios with leadscale: auto (0-10-50-100 %% and a rollback at 50 %%), "
+                             "none, or canary weight steps in seconds:percent (default auto)")
+    parser.add_argument("--rollout-gate", choices=("on", "off"), default="on",
+                        help="on: the route moves once the version gaining traffic is available (default); "
+                             "off: at each step's time")
     parser.add_argument("--leadscale-meta", action="append", default=[], metavar="KEY=VALUE",
                         help="extra trigger metadata for leadscale (repeatable), e.g. targetUtilization=0.9")
 
@@ -114,6 +130,56 @@ def compare(workload: Any, profile: Any, policies: Sequence[str], cold_start: st
     return {n: done[n] for n in names}
 
 
+def rollout_scenarios(text: str, duration_s: float) -> dict[str, Any]:
+    """``--rollout``: auto, none or a schedule -> {scenario name: steps}."""
+    from simulator.rollout import parse_schedule, standard_schedules
+
+    choice = text.strip()
+    if choice == "none":
+        return {}
+    if choice == "auto":
+        return standard_schedules(duration_s)
+    return {f"rollout {choice}": parse_schedule(choice)}
+
+
+def _extra(job: tuple[Any, ...]) -> tuple[str, Any]:
+    """One of the report's other scenarios, in a worker process: the fixed stage or a rollout."""
+    kind, name, workload, profile, slo, seed, options = job
+    if kind == "stage":
+        from simulator.stage import stage_report
+
+        return name, stage_report(workload, profile, slo, options["slo_tpot_s"], seed, options["replicas"])
+    from simulator.rollout import RolloutConfig, run_rollout
+
+    config = RolloutConfig(options["schedule"], gate=options["gate"])
+    return name, run_rollout(workload, profile, config, options["cold_start"], slo, seed,
+                             max_replicas=options["max_replicas"], drain_grace_s=options["drain_grace_s"],
+                             leadscale_extra=options["leadscale_metadata"],
+                             backend_options={"slo_tpot_s": options["slo_tpot_s"]}, name=name)
+
+
+def extras(workload: Any, profile: Any, slo_ttft_s: float, slo_tpot_s: float, seed: int, cold_start: str,
+           fixed_stage: int, rollouts: dict[str, Any], gate: bool = True, jobs: int = 0, max_replicas: int = 100,
+           drain_grace_s: float | None = None, leadscale_metadata: dict[str, str] | None = None,
+           ) -> tuple[Any, dict[str, Any]]:
+    """The fixed stage (None when ``fixed_stage`` is 0) and each rollout scenario, in parallel processes."""
+    common = {"slo_tpot_s": slo_tpot_s}
+    work = [("stage", "stage", workload, profile, slo_ttft_s, seed, {**common, "replicas": fixed_stage})
+            ] if fixed_stage else []
+    work += [("rollout", name, workload, profile, slo_ttft_s, seed,
+              {**common, "schedule": steps, "gate": gate, "cold_start": cold_start, "max_replicas": max_replicas,
+               "drain_grace_s": drain_grace_s, "leadscale_metadata": leadscale_metadata})
+             for name, steps in rollouts.items()]
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    workers = min(len(work), jobs if jobs > 0 else cores)
+    if workers <= 1:
+        done = dict(_extra(job) for job in work)
+    else:
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            done = dict(pool.map(_extra, work))
+    return done.pop("stage", None), done
+
+
 def _key_value(item: str) -> tuple[str, str]:
     key, sep, value = item.partition("=")
     if not sep or not key.strip():
@@ -158,25 +224,48 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         meta = dict(_key_value(item) for item in args.leadscale_meta)
+        if args.drain_grace is not None and not (math.isfinite(args.drain_grace) and args.drain_grace >= 0):
+            raise ValueError(f"--drain-grace {args.drain_grace!r}: expected a finite number of seconds >= 0")
+        if args.fixed_stage < 0:
+            raise ValueError(f"--fixed-stage {args.fixed_stage}: expected a number of replicas >= 0 (0 skips it)")
         inputs = _inputs(args)
         workload, profile, slo, seed = inputs.workload, inputs.profile, inputs.slo_ttft_s, inputs.seed
+        scenarios = rollout_scenarios(args.rollout, float(workload.duration_s))
         results = compare(workload, profile, args.policies.split(","), args.cold_start, slo, seed, jobs=args.jobs,
                           min_replicas=args.min_replicas, max_replicas=args.max_replicas,
                           drain_grace_s=args.drain_grace, backend_options={"slo_tpot_s": inputs.slo_tpot_s},
                           leadscale_metadata=meta or None)
+        stage, rollouts = extras(workload, profile, slo, inputs.slo_tpot_s, seed, args.cold_start, args.fixed_stage,
+                                 scenarios, gate=args.rollout_gate == "on", jobs=args.jobs,
+                                 max_replicas=args.max_replicas, drain_grace_s=args.drain_grace,
+                                 leadscale_metadata=meta or None)
     except (ValueError, KeyError, FileNotFoundError) as exc:  # MetadataError is a ValueError
         print(f"leadscale compare: {exc}", file=sys.stderr)
         return 2
     out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
     # policies in the order asked for; each summary's keys sorted
-    payload = {"policies": {name: dict(sorted(_clean(r.summary).items())) for name, r in results.items()}}
+    payload: dict[str, Any] = {"policies": {name: dict(sorted(_clean(r.summary).items()))
+                                            for name, r in results.items()}}
+    before, after = [], []
+    if stage is not None:
+        payload["fixed_stage"] = _clean(stage.to_json())
+        before.append((f"Before autoscaling: one replica and a fixed {stage.fixed.replicas}-replica stage",
+                       stage.lines(), []))
+    if rollouts:
+        from simulator import rollout as rollout_mod
+
+        rollout_mod.plot(rollouts, out / "rollout.png")
+        payload["rollouts"] = {name: _clean({"summary": dict(sorted(r.summary.items())), "phases": r.phases,
+                                             "route_weight": r.route_weight}) for name, r in rollouts.items()}
+        after.append(("A model rollout with leadscale", rollout_mod.section_lines(rollouts, slo), ["rollout.png"]))
     notes = [f"workload {getattr(workload, 'name', 'workload')}, {len(workload.arrival_s)} requests; profile "
              f"{getattr(profile, 'name', profile)}; cold start {args.cold_start}; TTFT SLO p95 <= {slo:g} s; "
              f"seed {seed}."]
     if "oracle" in results:
         o = results["oracle"].summary
         payload["oracle"] = {k: _clean(o.get(k)) for k in ORACLE_KEYS if k in o}
-    write_report(results, out, "leadscale compare", slo, notes)
+    write_report(results, out, "leadscale compare", slo, notes, before=before, after=after)
     (out / "summary.json").write_text(json.dumps(payload, indent=2) + "\n")
     write_timelines(results, out)
     if args.json:

@@ -16,11 +16,23 @@ before anything else looks), then timers, then arrivals. Randomness only from ex
 seeded by ``EngineConfig.seed``. With no routable replica, arrivals wait at the gateway (bounded by
 ``gateway_limit``; beyond it they are rejected, as an overloaded ingress would); requests longer than
 ``max_model_len`` are rejected at arrival, outputs are capped to fit (vLLM's ``length`` finish).
+
+Overload rejection (``EngineConfig.waiting_tokens_limit``): the gateway answers 429 to a request
+when the prompt tokens already waiting in its pool (held at the gateway plus every routable
+replica's vLLM queue, preempted requests at their recompute length), with this request's added,
+would exceed the limit per routable replica (at least one). Rejected requests never reach a
+replica; ``overload_rejected`` in the result's extra counts them apart from other rejections.
+
+Pools (``Engine.add_pool``): several Deployments of one model behind one route, each a ``Fleet`` with
+its own replicas and gateway queue; ``Engine.route_by(fn)`` picks each request's pool (``fn(rid,
+now)``, e.g. by the route's weights); a request whose pool has no routable replica waits in that
+pool's queue. The default is one pool, ``engine.fleet``.
 """
 
 from __future__ import annotations
 
 import heapq
+import math
 import time
 from collections import deque
 from collections.abc import Callable
@@ -46,6 +58,8 @@ class EngineConfig:
     router: str = "auto"
     seed: int = 0
     gateway_limit: int = 100_000
+    waiting_tokens_limit: float | None = None
+    """429 beyond this many waiting prompt tokens per routable replica of a pool (None: no limit)."""
     kv_sample_s: float = 10.0
     horizon_s: float = 86_400.0
     """Stop this long after the last arrival even if requests remain (a fleet that never serves them)."""
@@ -54,32 +68,45 @@ class EngineConfig:
         Router(self.router)
         if not (isinstance(self.gateway_limit, int) and self.gateway_limit >= 0):
             raise ValueError(f"gateway_limit={self.gateway_limit!r}: must be an integer >= 0")
+        limit = self.waiting_tokens_limit
+        if limit is not None and not (isinstance(limit, (int, float)) and not isinstance(limit, bool)
+                                      and math.isfinite(limit) and limit > 0):
+            raise ValueError(f"waiting_tokens_limit={limit!r}: must be None or a finite number of tokens > 0")
         for name in ("kv_sample_s", "horizon_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name}={getattr(self, name)!r}: must be > 0 seconds")
 
 
 class Fleet:
-    """The replicas of one model; the hooks the autoscaling layer calls."""
+    """The replicas of one pool (one Deployment) of the model; the hooks the autoscaling layer calls.
 
-    def __init__(self, engine: Engine) -> None:
+    Replica ids are unique across the engine's pools, so ``metrics``/``in_flight`` take any id.
+    """
+
+    def __init__(self, engine: Engine, name: str = "default") -> None:
         self._engine = engine
+        self.name = name
         self.replicas: dict[int, Replica] = {}
         self.routable: list[Replica] = []
+        self.gateway: deque[int] = deque()
+        """Requests of this pool held at the gateway (no routable replica yet, or queued behind those)."""
+        self.gateway_tokens = 0
         self.retired_gpu_seconds = 0.0
         self.retired_prefix = [0, 0]  # prefix-cache query and hit tokens of removed replicas
-        self._next_id = 0
 
     def add_replica(self, now: float) -> int:
-        """A new replica serving from ``now``; requests held at the gateway go to the fleet at once."""
+        """A new replica serving from ``now``; requests held at the gateway go to the pool at once."""
         e = self._engine
-        rid = self._next_id
-        self._next_id += 1
+        rid = e._new_replica_id()
         rep = Replica(rid, e.profile, e.log, e.itl, now, e.prefix)
-        self.replicas[rid] = rep
+        self.replicas[rid] = e.replicas[rid] = rep
         self.routable.append(rep)
-        e.flush_gateway(now)
+        e.flush_gateway(now, self)
         return rid
+
+    def waiting_tokens(self) -> int:
+        """Prompt tokens waiting in this pool: at the gateway and in every routable replica's queue."""
+        return self.gateway_tokens + sum(r.waiting_tokens for r in self.routable)
 
     def drain_replica(self, rid: int, now: float) -> None:
         """Stop routing to ``rid``; it keeps serving what it holds."""
@@ -93,7 +120,7 @@ class Fleet:
         aborted = rep.abort_all(now)
         rep.version += 1  # its pending step event is stale
         self.routable = [r for r in self.routable if r.id != rid]
-        del self.replicas[rid]
+        del self.replicas[rid], self._engine.replicas[rid]
         self.retired_gpu_seconds += (now - rep.added_s) * rep.profile.tensor_parallel
         if rep.prefix is not None:
             self.retired_prefix[0] += rep.prefix.query_tokens
@@ -101,10 +128,10 @@ class Fleet:
         return len(aborted)
 
     def metrics(self, rid: int, now: float) -> ReplicaMetrics:
-        return self._get(rid).metrics(now)
+        return self._engine.replica(rid).metrics(now)
 
     def in_flight(self, rid: int) -> int:
-        rep = self._get(rid)
+        rep = self._engine.replica(rid)
         return rep.n + len(rep.waiting)
 
     def gpu_seconds(self, now: float) -> float:
@@ -112,12 +139,17 @@ class Fleet:
         live = sum((now - r.added_s) * r.profile.tensor_parallel for r in self.replicas.values())
         return self.retired_gpu_seconds + live
 
-    def prefix_hit_rate(self) -> float | None:
-        """Share of prompt tokens served from the prefix cache (None without prefix data)."""
+    def prefix_tokens(self) -> tuple[int, int]:
+        """Prefix-cache (query, hit) tokens of this pool's replicas, removed ones included."""
         queries, hits = self.retired_prefix
         for r in self.replicas.values():
             if r.prefix is not None:
                 queries, hits = queries + r.prefix.query_tokens, hits + r.prefix.hit_tokens
+        return queries, hits
+
+    def prefix_hit_rate(self) -> float | None:
+        """Share of prompt tokens served from the prefix cache (None without prefix data)."""
+        queries, hits = self.prefix_tokens()
         return hits / queries if queries else None
 
     def _get(self, rid: int) -> Replica:
@@ -145,7 +177,6 @@ class Engine:
         self.router = Router(self.config.router, np.random.default_rng([self.config.seed, 1]),
                              prefix=(workload.block_ids, workload.block_offsets) if self.prefix is not None else None,
                              prompt_tokens=inp)
-        self.gateway: deque[int] = deque()
         self.now = 0.0
         self._heap: list[tuple[float, int, int, int, int]] = []
         self._seq = 0
@@ -154,7 +185,13 @@ class Engine:
         self._unresolved = len(workload)
         self._kv: list[tuple[float, float, float, int]] = []
         self._ran = False
+        self.replicas: dict[int, Replica] = {}
+        """Every pool's replicas by id (step events find their replica here)."""
+        self._next_id = 0
+        self.overload_rejected = 0
         self.fleet = Fleet(self)
+        self.pools: dict[str, Fleet] = {self.fleet.name: self.fleet}
+        self._split: Callable[[int, float], Fleet] | None = None
         for _ in range(initial_replicas):
             self.fleet.add_replica(0.0)
         self.every(self.config.kv_sample_s, self._sample_kv)
@@ -178,9 +215,35 @@ class Engine:
         self._timers.append(fn)
         self._push(t, _TIMER, len(self._timers) - 1, 0)
 
+    def add_pool(self, name: str) -> Fleet:
+        """A second (third...) Deployment behind the same route; ``route_by`` decides who gets what."""
+        if not name or name in self.pools:
+            raise ValueError(f"add_pool(name={name!r}): must be a new, non-empty name (have {sorted(self.pools)})")
+        self.pools[name] = Fleet(self, name)
+        return self.pools[name]
+
+    def route_by(self, split: Callable[[int, float], Fleet]) -> None:
+        """Each arriving request goes to the pool ``split(rid, now)`` returns (default: ``self.fleet``)."""
+        self._split = split
+
+    def replica(self, rid: int) -> Replica:
+        try:
+            return self.replicas[rid]
+        except KeyError:
+            raise KeyError(f"replica {rid!r} is not in the fleet (live: {sorted(self.replicas)})") from None
+
+    def _new_replica_id(self) -> int:
+        self._next_id += 1
+        return self._next_id - 1
+
+    @property
+    def gateway(self) -> deque[int]:
+        """The default pool's gateway queue."""
+        return self.fleet.gateway
+
     @property
     def gateway_waiting(self) -> int:
-        return len(self.gateway)
+        return sum(len(f.gateway) for f in self.pools.values())
 
     # ----- loop -------------------------------------------------------------------------------------
     def _push(self, t: float, prio: int, a: int, b: int) -> None:
@@ -192,28 +255,36 @@ class Engine:
             rep.version += 1
             self._push(t, _STEP, rep.id, rep.version)
 
-    def flush_gateway(self, now: float) -> None:
-        while self.gateway and self.fleet.routable:
-            self._route(self.gateway.popleft(), now)
+    def flush_gateway(self, now: float, fleet: Fleet | None = None) -> None:
+        fleet = fleet or self.fleet
+        while fleet.gateway and fleet.routable:
+            rid = fleet.gateway.popleft()
+            fleet.gateway_tokens -= self.log.input_l[rid]
+            self._route(rid, now, fleet)
 
-    def _route(self, rid: int, now: float) -> None:
-        rep: Replica = self.router.pick(self.fleet.routable, rid)  # type: ignore[assignment]
+    def _route(self, rid: int, now: float, fleet: Fleet) -> None:
+        rep: Replica = self.router.pick(fleet.routable, rid)  # type: ignore[assignment]
         self._schedule_replica(rep, rep.enqueue(rid, now))
 
-    def _arrive(self, rid: int, now: float) -> None:
+    def _arrive(self, rid: int, now: float, fleet: Fleet) -> None:
         log = self.log
         if self._too_long and rid in self._too_long:
             log.status[rid] = REJECTED
             return
-        if self.fleet.routable and not self.gateway:
-            self._route(rid, now)
-        elif len(self.gateway) < self.config.gateway_limit:
-            self.gateway.append(rid)
+        limit = self.config.waiting_tokens_limit
+        if limit is not None and fleet.waiting_tokens() + log.input_l[rid] > limit * max(1, len(fleet.routable)):
+            log.status[rid] = REJECTED  # 429: the queue is at its limit
+            self.overload_rejected += 1
+        elif fleet.routable and not fleet.gateway:
+            self._route(rid, now, fleet)
+        elif len(fleet.gateway) < self.config.gateway_limit:
+            fleet.gateway.append(rid)
+            fleet.gateway_tokens += log.input_l[rid]
         else:
             log.status[rid] = REJECTED
 
     def _sample_kv(self, now: float) -> None:
-        reps = list(self.fleet.replicas.values())
+        reps = list(self.replicas.values())
         if reps:
             usage = [r.metrics(now).kv_cache_usage_perc for r in reps]
             self._kv.append((now, float(np.mean(usage)), float(np.max(usage)), len(reps)))
@@ -228,8 +299,9 @@ class Engine:
         arrivals = [*self.workload.arrival_s.tolist(), float("inf")]  # Python floats: cheap compares
         last_arrival = arrivals[n_req - 1] if n_req else 0.0
         stop = until if until is not None else last_arrival + self.config.horizon_s
-        heap, replicas, timers, fleet = self._heap, self.fleet.replicas, self._timers, self.fleet
-        pick, too_long = self.router.pick, self._too_long
+        heap, replicas, timers, default = self._heap, self.replicas, self._timers, self.fleet
+        pick, too_long, split = self.router.pick, self._too_long, self._split
+        plain = self.config.waiting_tokens_limit is None  # no limit to check: the inlined common case
         nxt = 0
         events = 0
         last = 0.0
@@ -260,7 +332,8 @@ class Engine:
                     self.now = stop
                     break
                 self.now = last = t_arr
-                if fleet.routable and not self.gateway and nxt not in too_long:  # the common case, inlined
+                fleet = default if split is None else split(nxt, t_arr)
+                if plain and fleet.routable and not fleet.gateway and nxt not in too_long:  # the common case
                     rep = pick(fleet.routable, nxt)
                     t_next = rep.enqueue(nxt, t_arr)
                     if t_next is not None:
@@ -268,7 +341,7 @@ class Engine:
                         self._seq += 1
                         heapq.heappush(heap, (t_next, _STEP, self._seq, rep.id, rep.version))
                 else:
-                    self._arrive(nxt, t_arr)
+                    self._arrive(nxt, t_arr, fleet)
                 nxt += 1
             else:
                 break
@@ -280,22 +353,30 @@ class Engine:
             progress(nxt)
         end = last if until is None else self.now
         return SimulationResult(
-            log=self.log, itl=self.itl, end_s=end, gpu_seconds=self.fleet.gpu_seconds(end),
+            log=self.log, itl=self.itl, end_s=end, gpu_seconds=sum(f.gpu_seconds(end) for f in self.pools.values()),
             wall_seconds=time.perf_counter() - started, kv_usage=np.array(self._kv, dtype=np.float64).reshape(-1, 4),
             preemptions=int(self.log.preemptions.sum()), profile=self.profile.name,
-            extra={"prefix_cache_hit_rate": self.fleet.prefix_hit_rate()})
+            extra={"prefix_cache_hit_rate": self._prefix_hit_rate(), "overload_rejected": self.overload_rejected})
+
+    def _prefix_hit_rate(self) -> float | None:
+        """Share of prompt tokens served from the prefix cache over every pool (None without prefix data)."""
+        tokens = [f.prefix_tokens() for f in self.pools.values()]
+        queries, hits = sum(q for q, _ in tokens), sum(h for _, h in tokens)
+        return hits / queries if queries else None
 
     def _busy(self) -> bool:
         """Anything left to do once arrivals are over: a replica stepping or requests held."""
-        if self.gateway and len(self._timers) > 1:
+        if self.gateway_waiting and len(self._timers) > 1:
             return True
-        return any(not r.idle for r in self.fleet.replicas.values())
+        return any(not r.idle for r in self.replicas.values())
 
 
 def simulate(workload: Workload, profile: PerformanceProfile, replicas: int = 1, router: str = "auto",
-             seed: int = 0, progress: Callable[[int], None] | None = None) -> SimulationResult:
+             seed: int = 0, progress: Callable[[int], None] | None = None,
+             waiting_tokens_limit: float | None = None) -> SimulationResult:
     """A fixed fleet of ``replicas`` serving ``workload`` from time 0; pure for a given seed."""
     if not (isinstance(replicas, int) and replicas >= 1):
         raise ValueError(f"replicas={replicas!r}: must be an integer >= 1")
-    engine = Engine(workload, profile, EngineConfig(router=router, seed=seed), initial_replicas=replicas)
+    config = EngineConfig(router=router, seed=seed, waiting_tokens_limit=waiting_tokens_limit)
+    engine = Engine(workload, profile, config, initial_replicas=replicas)
     return engine.run(progress=progress)

@@ -20,12 +20,14 @@ class EngineBackend:
     """``Backend`` protocol over ``simulator.engine.Engine``."""
 
     def __init__(self, workload: Any, profile: Any, seed: int = 0, slo_ttft_s: float = 2.0,
-                 slo_tpot_s: float = 0.1, router: str = "auto", gateway_limit: int = 100_000) -> None:
+                 slo_tpot_s: float = 0.1, router: str = "auto", gateway_limit: int = 100_000,
+                 waiting_tokens_limit: float | None = None) -> None:
         if isinstance(profile, str):
             from simulator.profiles import get_profile
 
             profile = get_profile(profile)
-        self.engine = Engine(workload, profile, EngineConfig(router=router, seed=seed, gateway_limit=gateway_limit))
+        self.engine = Engine(workload, profile, EngineConfig(router=router, seed=seed, gateway_limit=gateway_limit,
+                                                             waiting_tokens_limit=waiting_tokens_limit))
         self.slo_ttft_s, self.slo_tpot_s = slo_ttft_s, slo_tpot_s
 
     def add_replica(self, now: float) -> int:
@@ -56,4 +58,4 @@ class EngineBackend:
         log = result.log
         return Outcome(arrival_s=log.arrival_s, ttft_s=log.first_token_s - log.arrival_s,
                        rejected=int((log.status == REJECTED).sum()), end_s=result.end_s,
-                       summary=result.summary(self.slo_ttft_s, self.slo_tpot_s))
+                       summary=result.summary(self.slo_ttft_s, self.slo_tpot_s), status=log.status.copy())

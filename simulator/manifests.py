@@ -46,7 +46,9 @@ def _number(value: float) -> str:
 class Settings:
     """One candidate: the policy's tunables and the HPA behavior (defaults: the policy's and the chart's)."""
 
-    target_utilization: float = 0.8
+    headroom_quantile: float = 0.75
+    """The conformal level of the lead-time headroom (``headroomQuantile``): what ``tune`` searches."""
+    target_utilization: float = 1.0
     lead_time_s: float = 180.0
     """Look-ahead horizon: how far ahead demand is forecast and starting replicas are expected."""
     backlog_drain_s: float = 60.0
@@ -62,7 +64,8 @@ class Settings:
 
     def __post_init__(self) -> None:
         problems = []
-        checks = (("target_utilization", 0.0, 1.0), ("lead_time_s", 0.0, 86400.0), ("backlog_drain_s", 1e-9, 1e6),
+        checks = (("headroom_quantile", 0.01, 0.99), ("target_utilization", 0.0, 1.0), ("lead_time_s", 0.0, 86400.0),
+                  ("backlog_drain_s", 1e-9, 1e6),
                   ("scale_down_delay_s", 0.0, 7 * 86400.0), ("scale_up_pods", 1, 1000), ("scale_down_pods", 1, 1000),
                   ("scale_down_period_s", 1, 1800), ("scale_down_window_s", 0, 3600), ("tolerance", 0.0, 0.99))
         for name, low, high in checks:
@@ -79,6 +82,7 @@ class Settings:
     def metadata(self) -> dict[str, str]:
         """The policy's trigger metadata keys for these settings (strings, as KEDA sends them)."""
         return {
+            metadata_key("headroom_quantile"): _number(self.headroom_quantile),
             metadata_key("target_utilization"): _number(self.target_utilization),
             metadata_key("lead_time_s"): _number(self.lead_time_s),
             metadata_key("backlog_drain_s"): _number(self.backlog_drain_s),
@@ -176,3 +180,17 @@ def dump(document: dict[str, Any], header: str = "") -> str:
     """YAML with keys in the order written and a comment header."""
     comment = "".join(f"# {line}\n" if line else "#\n" for line in header.splitlines())
     return comment + yaml.safe_dump(document, sort_keys=False, default_flow_style=False)
+
+
+def drain_patch(drain: dict[str, Any], deployment: str, namespace: str = "default",
+                container: str = "vllm") -> dict[str, Any]:
+    """A strategic-merge patch for the vLLM Deployment: the drain rule's grace period and preStop sleep,
+    and vLLM's ``--shutdown-timeout`` (add it to the container's args)."""
+    return {
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": deployment, "namespace": namespace},
+        "spec": {"template": {"spec": {
+            "terminationGracePeriodSeconds": int(drain["termination_grace_period_s"]),
+            "containers": [{"name": container,
+                            "lifecycle": {"preStop": {"sleep": {"seconds": int(drain["pre_stop_sleep_s"])}}},
+                            "args": [f"--shutdown-timeout={int(drain['shutdown_timeout_s'])}"]}]}}},
+    }

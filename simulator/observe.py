@@ -38,6 +38,8 @@ METRICS: dict[str, tuple[str, ...]] = {
     "vllm:num_requests_waiting": ("num_requests_waiting",),
     "vllm:kv_cache_usage_perc": ("kv_cache_usage_perc",),
     "vllm:num_preemptions_total": ("num_preemptions_total",),
+    "vllm:prefix_cache_queries_total": ("prefix_cache_queries",),
+    "vllm:prefix_cache_hits_total": ("prefix_cache_hits",),
     "vllm:request_prompt_tokens_sum": ("request_prompt_tokens_sum", "prompt_tokens_sum"),
     "vllm:request_prompt_tokens_count": ("request_prompt_tokens_count", "prompt_tokens_count",
                                          "request_success_total"),
@@ -50,6 +52,10 @@ METRICS: dict[str, tuple[str, ...]] = {
 # ReplicaMetrics attribute -> the vLLM histogram whose cumulative buckets it holds
 BUCKETED = {"request_prompt_tokens_bucket": histograms.PROMPT_HISTOGRAM,
             "time_to_first_token_seconds_bucket": histograms.TTFT_HISTOGRAM}
+
+
+CACHE_CONFIG = "vllm:cache_config_info"
+"""Stored as its ``num_gpu_blocks`` × ``block_size`` labels' product (the live series is 1 with those labels)."""
 
 
 def bucket_series(histogram: str, le: float) -> str:
@@ -70,6 +76,9 @@ def metrics_of(snapshot: Any) -> dict[str, float]:
     for attr, histogram in BUCKETED.items():
         for le, count in get(attr, None) or ():
             out[bucket_series(histogram, float(le))] = float(count)
+    blocks, size = get("num_gpu_blocks", None), get("block_size", None)
+    if blocks is not None and size is not None:
+        out[CACHE_CONFIG] = float(blocks) * float(size)
     return out
 
 
@@ -251,6 +260,7 @@ class Observer:
         if not prompt or not generation or not waiting:
             return None  # live: SourceError("no data ...: rate() needs two samples")
         kv = prom.instant("vllm:kv_cache_usage_perc", now)
+        kv_tokens = prom.instant(CACHE_CONFIG, now)
         newest = prom.newest_sample(now)
         return Signals(
             at=now,
@@ -267,6 +277,8 @@ class Observer:
                 self._mean(histograms.PROMPT_HISTOGRAM, now)),
             ttft_buckets=tuple(sorted(self._bucket_rates(histograms.TTFT_HISTOGRAM, now).items())) or None,
             kv_cache_usage=min(float(np.mean(list(kv.values()))), 1.0) if kv else None,
+            kv_cache_tokens=min(kv_tokens.values()) if kv_tokens else None,
+            prefix_cache_hit_share=self._ratio("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total", now),
             lead_time_s=lead,
             activation_value=activation,
             data_age_s=max(0.0, now - newest) if newest is not None else 0.0,
@@ -284,6 +296,14 @@ class Observer:
                 le = name[name.index('"') + 1: name.rindex('"')]
                 out[math.inf if le == "+Inf" else float(le)] = math.fsum(rates.values())
         return out
+
+    def _ratio(self, numerator: str, denominator: str, now: float) -> float | None:
+        """``sum(rate(numerator)) / sum(rate(denominator))``, clamped to 0..1; None without a denominator."""
+        top = self.prometheus.rate(numerator, now)
+        bottom = math.fsum(self.prometheus.rate(denominator, now).values())
+        if not top or bottom <= 0:
+            return None
+        return min(max(math.fsum(top.values()) / bottom, 0.0), 1.0)
 
     def _mean(self, histogram: str, now: float) -> float | None:
         sums = self.prometheus.rate(histogram + "_sum", now)

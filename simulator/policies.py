@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from scaler import policy as live_policy
+from scaler.engine_limits import EngineLimitMissing
 from scaler.metadata import ScalerConfig, parse_metadata
 from simulator.control import ControlConfig, ScalingPolicy, ScalingRules, default_scale_up
 from simulator.observe import Observer
@@ -142,16 +143,22 @@ class Leadscale(TriggerPolicy):
         self.data_at = -math.inf
         self.decisions: list[tuple[float, int, dict[str, float]]] = []
 
-    def policy_config(self) -> Any:
-        """Exactly what the evaluator builds: metadata first, the ScaledObject's min/max otherwise."""
-        return self.config.policy_config(self.control.min_replicas, self.control.max_replicas)
+    def policy_config(self, signals: Any = None) -> Any:
+        """Exactly what the evaluator builds: metadata first, the ScaledObject's min/max otherwise, engine
+        limits the metadata leaves open from ``signals`` (``scaler.engine_limits``)."""
+        capacity = self.config.replica_capacity(signals, "the simulated Prometheus")
+        return self.config.policy_config(self.control.min_replicas, self.control.max_replicas, capacity=capacity)
 
     def evaluate(self, now: float, view: View) -> None:
         signals = view.observer.signals(now, view.ready_replicas, view.starting_replicas,
                                         lead_time_auto=self.config.lead_time_auto)
         if signals is None or signals.data_age_s > STALENESS_LIMIT_S:
             return  # the live evaluator keeps its last decision until the data behind it is too old
-        decision = live_policy.decide(signals, self.state, self.policy_config(), now)
+        try:
+            config = self.policy_config(signals)
+        except EngineLimitMissing:
+            return  # the live evaluator answers UNAVAILABLE: KEDA's fallback keeps the fleet
+        decision = live_policy.decide(signals, self.state, config, now)
         self.state, self.decision, self.data_at = decision.state, decision, now - signals.data_age_s
         self.decisions.append((now, decision.desired_replicas, dict(decision.terms)))
 

@@ -25,12 +25,12 @@ from typing import Any
 
 import numpy as np
 
-from scaler.capacity import ReplicaCapacity
+from scaler.capacity import DECODE_REFERENCE_CONTEXT, ReplicaCapacity
 from simulator.kv_cache import GIB, MemoryLedger
 from simulator.step_time import LinearStepTime
 
 DEFAULT_TPOT_SLO_S = 0.1
-DEFAULT_CONTEXT_TOKENS = 1024
+DEFAULT_CONTEXT_TOKENS = DECODE_REFERENCE_CONTEXT
 
 
 @dataclass(frozen=True)
@@ -140,10 +140,16 @@ def _capacity(profile: PerformanceProfile, ttft_slo_s: float, tpot_slo_s: float,
     # (seconds = prefill_attention_s x n^2 / 2) adds n / 2K per token with K = linear seconds per token / a
     linear = st.step_time(budget, 1, 0.0, 0.0)
     attention = float(getattr(st, "prefill_attention_s", 0.0) or 0.0)
+    # decode: a generated token costs per_token + per_seq (its share of the linear layers and of the
+    # per-sequence work) plus per_context_token x its context; K_d is their ratio
+    per_context = float(getattr(st, "per_context_token_s", 0.0) or 0.0)
+    marginal = float(getattr(st, "per_token_s", 0.0) or 0.0) + float(getattr(st, "per_seq_s", 0.0) or 0.0)
     return ReplicaCapacity(prefill_tokens_per_s=float(rho * budget / linear),
                            decode_tokens_per_s=float(batch[best] / times[best]),
                            max_num_seqs=profile.max_num_seqs, kv_cache_tokens=int(kv_tokens),
-                           prefill_attention_tokens=float(linear / budget / attention) if attention > 0 else None)
+                           prefill_attention_tokens=float(linear / budget / attention) if attention > 0 else None,
+                           decode_context_tokens=(marginal / per_context if per_context > 0 and marginal > 0
+                                                  and context_tokens == DEFAULT_CONTEXT_TOKENS else None))
 
 
 def _llama3_8b(gpu: str, gib: float, seqs: int, budget: int, activation: float,

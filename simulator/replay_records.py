@@ -137,6 +137,12 @@ def summarize(records: list[RequestRecord], wall_seconds: float, replicas: int, 
         "slo_ttft_s": slo_ttft_s,
         "slo_tpot_s": slo_tpot_s,
         "slo_attainment": (len(met) / len(sent)) if sent else None,
+        # rejections apart from misses, as the simulator counts them (its 429s: the gateway's queue limit)
+        "rejected_share": (summary["refused"] / len(sent)) if sent else None,
+        "slo_attainment_accepted": (len(met) / (len(sent) - summary["refused"]))
+        if len(sent) > summary["refused"] else None,
+        "slo_missed": len(sent) - summary["refused"] - len(met),
+        "overload_rejected": sum(1 for r in records if r.http_status == 429),
         "goodput": len(met) / wall,
         "goodput_requests_per_s": len(met) / wall,
         "goodput_tokens_per_s": sum(max(r.prompt_tokens, 0) + max(r.output_tokens, 0) for r in met) / wall,

@@ -72,6 +72,7 @@ class Replica(SchedulerState):
         """Add an arrived request to ``waiting``; returns the replica's next event time if it changed."""
         log = self.log
         self.waiting.append(rid)
+        self.waiting_tokens += log.input_l[rid] + int(log.generated[rid])
         log.replica[rid] = self.id
         self.outstanding_tokens += log.tokens_l[rid]
         if self.busy_until is None:
@@ -135,7 +136,7 @@ class Replica(SchedulerState):
         log.generated[running] = S[NTOK, :n] - log.input_tokens[running]
         ids = [int(i) for i in running] + list(self.waiting)
         log.status[ids] = ABORTED
-        self.n = self.comp_sum = self.new_sum = self.outstanding_tokens = self.fresh = 0
+        self.n = self.comp_sum = self.new_sum = self.outstanding_tokens = self.fresh = self.waiting_tokens = 0
         self._reset_lefts()
         if self.prefix is not None:
             self.prefix.clear()

@@ -145,9 +145,15 @@ def plot(results: Mapping[str, ResultLike], out_dir: Path, slo_ttft_s: float) ->
     return files
 
 
+Section = tuple[str, list[str], list[str]]
+"""(heading, markdown lines, PNG file names already written beside the report)."""
+
+
 def write_report(results: Mapping[str, ResultLike], out_dir: str | Path, title: str, slo_ttft_s: float,
-                 notes: Sequence[str] = ()) -> dict[str, Path]:
-    """Write report.md, report.html and the PNGs into ``out_dir``; returns their paths."""
+                 notes: Sequence[str] = (), before: Sequence[Section] = (),
+                 after: Sequence[Section] = ()) -> dict[str, Path]:
+    """Write report.md, report.html and the PNGs into ``out_dir``; returns their paths. ``before`` and
+    ``after`` are extra sections around the policies' table and plots (the fixed stage, rollouts)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     from simulator.report_oracle import budget_table, oracle_notes, plot_budget
@@ -160,7 +166,9 @@ def write_report(results: Mapping[str, ResultLike], out_dir: str | Path, title: 
     md = [f"# {title}", ""]
     for note in notes:
         md += [note, ""]
-    md += [markdown_table(results), ""]
+    for heading, lines, images in before:
+        md += [f"## {heading}", "", *lines, "", *(f"![{p}]({p})" for p in images), ""]
+    md += (["## Autoscaling policies", ""] if before or after else []) + [markdown_table(results), ""]
     if oracle_text:
         md += ["## The oracle: a feasible schedule and a lower bound", ""]
         for note in oracle_text:
@@ -169,34 +177,67 @@ def write_report(results: Mapping[str, ResultLike], out_dir: str | Path, title: 
     if budget_png:
         md += [f"![{budget_png}]({budget_png})", ""]
     md += [f"![{p}]({p})" for p in pngs]
+    for heading, lines, images in after:
+        md += ["", f"## {heading}", "", *lines, "", *(f"![{p}]({p})" for p in images)]
     (out / "report.md").write_text("\n".join(md) + "\n")
     header, rows = table_rows(results)
     cells = "".join(f"<th>{html.escape(h)}</th>" for h in header)
     body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows)
+
+    def section(heading: str, lines: list[str], images: list[str]) -> str:
+        return (f"<h2>{html.escape(heading)}</h2>" + html_block(lines)
+                + "".join(f"<p><img src='{p}' alt='{p}'></p>" for p in images))
+
     page = (
         "<!doctype html><html><head><meta charset='utf-8'><title>" + html.escape(title) + "</title>"
         "<style>body{font-family:sans-serif;max-width:1100px;margin:auto}table{border-collapse:collapse}"
         "td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}td:first-child{text-align:left}</style>"
         "</head><body><h1>" + html.escape(title) + "</h1>"
         + "".join(f"<p>{html.escape(n)}</p>" for n in notes if n)
+        + "".join(section(*s) for s in before)
+        + ("<h2>Autoscaling policies</h2>" if before or after else "")
         + f"<table><tr>{cells}</tr>{body}</table>"
         + ("<h2>The oracle: a feasible schedule and a lower bound</h2><ul>"
            + "".join(f"<li>{html.escape(n)}</li>" for n in oracle_text) + "</ul>" if oracle_text else "")
         + _html_rows(budget_rows)
         + (f"<p><img src='{budget_png}' alt='{budget_png}'></p>" if budget_png else "")
         + "".join(f"<p><img src='{p}' alt='{p}'></p>" for p in pngs)
+        + "".join(section(*s) for s in after)
         + "</body></html>"
     )
     (out / "report.html").write_text(page)
     files = [*pngs, *([budget_png] if budget_png else [])]
-    return {"md": out / "report.md", "html": out / "report.html", **{p: out / p for p in files}}
+    extra = [p for _, _, images in (*before, *after) for p in images]
+    return {"md": out / "report.md", "html": out / "report.html", **{p: out / p for p in [*files, *extra]}}
+
+
+def html_block(lines: list[str]) -> str:
+    """Markdown tables become HTML tables, code fences <pre>, other lines paragraphs."""
+    out, table, code = [], [], None
+    for line in [*lines, ""]:
+        if code is not None:
+            if line.startswith("```"):
+                out.append("<pre>" + html.escape("\n".join(code)) + "</pre>")
+                code = None
+            else:
+                code.append(line)
+            continue
+        if line.startswith("|"):
+            if not line.startswith("|---"):
+                table.append([c.strip() for c in line.strip("|").split("|")])
+            continue
+        if table:
+            head = "".join(f"<th>{html.escape(c)}</th>" for c in table[0])
+            rows = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in table[1:])
+            out.append(f"<table><tr>{head}</tr>{rows}</table>")
+            table = []
+        if line.startswith("```"):
+            code = []
+        elif line:
+            out.append(f"<p>{html.escape(line)}</p>")
+    return "".join(out)
 
 
 def _html_rows(rows: Sequence[str]) -> str:
     """A Markdown table (header, rule, rows) as an HTML table."""
-    if not rows:
-        return ""
-    cells = [[c.strip() for c in row.strip("|").split("|")] for row in rows if not row.startswith("|---")]
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in cells[0])
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in cells[1:])
-    return f"<table><tr>{head}</tr>{body}</table>"
+    return html_block(list(rows)) if rows else ""

@@ -11,6 +11,10 @@ weighted by the tokens it produced (kept in a log-binned histogram, 1 % resoluti
 cost no per-token memory; gaps from preemption show in TPOT, not ITL); E2E = finish - arrival;
 queue = first scheduled - arrival. SLO attainment = share of *all* requests (rejected and aborted ones
 count as misses) with TTFT <= slo_ttft and TPOT <= slo_tpot; goodput = such requests per second.
+Rejections are also counted apart from misses: ``rejected_share`` (of all requests),
+``slo_attainment_accepted`` (the same attainment among requests not rejected) and ``slo_missed``
+(accepted requests that missed the SLO, aborted ones included); ``overload_rejected`` (the gateway's
+429s at its waiting-token limit) comes from the engine.
 """
 
 from __future__ import annotations
@@ -185,6 +189,10 @@ def summarize(log: RequestLog, itl: LatencyHistogram, *, slo_ttft_s: float, slo_
     dur = max(duration_s, 1e-9)
     out["slo_ttft_s"], out["slo_tpot_s"] = float(slo_ttft_s), float(slo_tpot_s)
     out["slo_attainment"] = float(good.sum() / len(log)) if len(log) else None
+    accepted = int(len(log) - out["rejected"])
+    out["rejected_share"] = float(out["rejected"] / len(log)) if len(log) else None
+    out["slo_attainment_accepted"] = float(good.sum() / accepted) if accepted else None
+    out["slo_missed"] = int(accepted - good.sum())
     out["goodput"] = float(good.sum() / dur)
     out["goodput_tokens_per_s"] = float((log.input_tokens[good] + log.output_tokens[good]).sum() / dur)
     out["throughput_tokens_per_s"] = float((log.input_tokens[done] + log.output_tokens[done]).sum() / dur)

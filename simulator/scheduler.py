@@ -64,6 +64,7 @@ class SchedulerState:
         self.fresh = 0  # running requests still before their first token
         self.fast, self.n_running, self._adm_attn = True, 0, 0.0  # how the step in progress was scheduled
         self.waiting: deque[int] = deque()
+        self.waiting_tokens = 0  # prompt (+ generated, when preempted) tokens of ``waiting``: a gateway's limit
         self.outstanding_tokens = 0
         self.prefix: PrefixCache | None = None
         if prefix is not None:
@@ -247,6 +248,7 @@ class SchedulerState:
             self.fresh -= 1
         self.counters["num_preemptions_total"] += 1
         self.waiting.appendleft(rid)
+        self.waiting_tokens += int(S[NTOK, j]) + sh
         self.n -= 1
         self.comp_sum -= comp
         shared = self.prefix.release(rid) if self.prefix is not None else 0
@@ -271,6 +273,7 @@ class SchedulerState:
             bound += want
             rid = self.waiting.popleft()
             ntok = log.input_l[rid] + int(log.generated[rid])
+            self.waiting_tokens -= ntok
             if self.prefix is not None:
                 self._cached(rid, ntok, touch=True)
             left = ntok - log.tokens_l[rid] - sh

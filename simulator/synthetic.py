@@ -101,6 +101,11 @@ COMMON = (
     Param("out_max", "int", 2048, "output tokens are clipped to this", 1),
     Param("lengths", "str", None, "resample (prompt, output) pairs from this trace file instead of lognormal"),
     Param("lengths_format", "str", None, "format of the lengths file (detected when absent)"),
+    Param("long_share", "float", 0.0, "share of requests replaced by long-prompt ones (e.g. summaries)", 0.0, 1.0),
+    Param("long_in_min", "int", 20_000, "long prompts: fewest tokens (uniform between min and max)", 1),
+    Param("long_in_max", "int", 30_000, "long prompts: most tokens", 1),
+    Param("long_out_mean", "float", 300.0, "long requests: output tokens, lognormal mean", 1.0),
+    Param("long_out_median", "float", 250.0, "long requests: output tokens, lognormal median", 1.0),
 )
 
 
@@ -270,7 +275,9 @@ def _resolve(b: Builtin, params: Mapping[str, object]) -> tuple[dict[str, object
             values[key] = p.convert(params[key])
         except ValueError as exc:
             problems.append(str(exc))
-    for what in ("in", "out"):
+    if not problems and int(values["long_in_min"]) > int(values["long_in_max"]):  # type: ignore[call-overload]
+        problems.append(f"long_in_min={values['long_in_min']}: expected <= long_in_max={values['long_in_max']}")
+    for what in ("in", "out", "long_out"):
         mean, median = values[f"{what}_mean"], values[f"{what}_median"]
         if not problems and float(median) > float(mean):  # type: ignore[arg-type]
             problems.append(f"{what}_median={median}: expected <= {what}_mean={mean} (a lognormal's median "
@@ -310,10 +317,22 @@ def lognormal_lengths(n: int, mean: float, median: float, high: int, rng: np.ran
 
 
 def _lengths(v: Mapping[str, object], n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """(prompt, output) tokens per request: resampled pairs or lognormal ones, then a ``long_share`` of
+    them replaced by long-prompt requests (a chat service that also summarises documents), drawn from
+    a stream of their own so the share changes nothing else."""
+    rng_long = rng.spawn(1)[0]
     if v["lengths"]:
         pool_in, pool_out = load_lengths(str(v["lengths"]), v["lengths_format"])  # type: ignore[arg-type]
         pick = rng.integers(0, pool_in.size, n)
-        return pool_in[pick], pool_out[pick]
-    inp = lognormal_lengths(n, float(v["in_mean"]), float(v["in_median"]), int(v["in_max"]), rng)  # type: ignore[arg-type]
-    out = lognormal_lengths(n, float(v["out_mean"]), float(v["out_median"]), int(v["out_max"]), rng)  # type: ignore[arg-type]
+        inp, out = pool_in[pick], pool_out[pick]
+    else:
+        inp = lognormal_lengths(n, float(v["in_mean"]), float(v["in_median"]), int(v["in_max"]), rng)  # type: ignore[arg-type]
+        out = lognormal_lengths(n, float(v["out_mean"]), float(v["out_median"]), int(v["out_max"]), rng)  # type: ignore[arg-type]
+    share = float(v["long_share"])  # type: ignore[arg-type]
+    if share > 0:
+        long = np.flatnonzero(rng_long.random(n) < share)
+        inp, out = inp.copy(), out.copy()
+        inp[long] = rng_long.integers(int(v["long_in_min"]), int(v["long_in_max"]) + 1, long.size)  # type: ignore[call-overload]
+        out[long] = lognormal_lengths(long.size, float(v["long_out_mean"]), float(v["long_out_median"]),  # type: ignore[arg-type]
+                                      int(v["out_max"]), rng_long)  # type: ignore[call-overload]
     return inp, out

@@ -193,7 +193,7 @@ def search_space(cold_start: str) -> dict[str, tuple[float, float, float]]:
 
     horizon = max(60.0, 5.0 * round(3.0 * as_cold_start(cold_start).mean() / 5.0))
     return {
-        "target_utilization": (0.5, 0.95, 0.01),
+        "headroom_quantile": (0.5, 0.95, 0.01),
         "lead_time_s": (0.0, horizon, 5.0),
         "backlog_drain_s": (10.0, 300.0, 5.0),
         "scale_down_delay_s": (0.0, 1200.0, 15.0),
@@ -224,6 +224,7 @@ def default_point(space: dict[str, tuple[float, float, float]]) -> dict[str, Any
 _INPUTS: TuneInputs | None = None
 _WINDOWS: dict[str, Any] = {}
 _STARTS: dict[tuple[str, int], int] = {}
+_GRACES: dict[tuple[str, int], float] = {}
 
 
 def _init(inputs: TuneInputs) -> None:
@@ -231,14 +232,18 @@ def _init(inputs: TuneInputs) -> None:
     _INPUTS = inputs
     _WINDOWS.clear()
     _STARTS.clear()
+    _GRACES.clear()
 
 
-def _job(job: tuple[Settings | str, str, int, bool]) -> tuple[dict[str, Any], Any]:
-    """Run ``job`` = (settings or baseline name, window, seed, keep full result) in this process."""
-    from simulator.autoscale import run_autoscaled, starting_fleet
+def _job(job: tuple[Any, ...]) -> tuple[dict[str, Any], Any]:
+    """Run ``job`` = (settings or baseline name, window, seed, keep full result[, overrides]) in this
+    process; ``overrides`` may set ``waiting_tokens_limit`` (the gateway's 429 limit) and
+    ``initial_fraction`` (start from that share of the warm fleet)."""
+    from simulator.autoscale import default_drain_grace, run_autoscaled, starting_fleet
 
     assert _INPUTS is not None, "_init() first"
-    what, window, seed, keep = job
+    what, window, seed, keep = job[:4]
+    overrides: dict[str, Any] = job[4] if len(job) > 4 else {}
     i = _INPUTS
     if window not in _WINDOWS:
         _WINDOWS[window] = i.window(window)
@@ -249,9 +254,17 @@ def _job(job: tuple[Settings | str, str, int, bool]) -> tuple[dict[str, Any], An
         _STARTS[window, seed] = starting_fleet(_WINDOWS[window], i.profile, i.slo_ttft_s, seed,
                                                min_replicas=i.min_replicas, max_replicas=i.max_replicas,
                                                backend_options=options)
+        _GRACES[window, seed] = default_drain_grace(_WINDOWS[window], i.profile, i.slo_ttft_s, seed, options,
+                                                    _STARTS[window, seed])
+    initial = _STARTS[window, seed]
+    if "initial_fraction" in overrides:
+        initial = max(1, i.min_replicas, math.floor(initial * float(overrides["initial_fraction"])))
+    if overrides.get("waiting_tokens_limit") is not None:
+        options["waiting_tokens_limit"] = float(overrides["waiting_tokens_limit"])
     result = run_autoscaled(_WINDOWS[window], i.profile, policy, i.cold_start, i.slo_ttft_s, seed,
                             min_replicas=i.min_replicas, max_replicas=i.max_replicas,
-                            initial_replicas=_STARTS[window, seed], backend_options=options)
+                            initial_replicas=initial, backend_options=options,
+                            drain_grace_s=_GRACES[window, seed])
     summary = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in result.summary.items()}
     return summary, (result if keep else None)
 
@@ -273,7 +286,7 @@ class Pool:
         if self._pool is not None:
             self._pool.shutdown(cancel_futures=True)
 
-    def map(self, jobs: Sequence[tuple[Settings | str, str, int, bool]]) -> list[tuple[dict[str, Any], Any]]:
+    def map(self, jobs: Sequence[tuple[Any, ...]]) -> list[tuple[dict[str, Any], Any]]:
         return list(self._pool.map(_job, jobs)) if self._pool is not None else [_job(j) for j in jobs]
 
 
@@ -355,3 +368,13 @@ def _pick(robust: Sequence[Candidate], target: float) -> Candidate:
     if holding:
         return min(holding, key=lambda c: (c.mean_gpu_hours(), c.trial))
     return max(robust, key=lambda c: (c.worst_attainment(), -c.mean_gpu_hours(), -c.trial))
+
+
+def limit_runs(inputs: TuneInputs, settings: Settings, limits: Sequence[float | None], jobs: int = 2,
+               window: str = "holdout") -> list[Any]:
+    """One run of ``settings`` per gateway limit (None: no limit) on ``window``, starting from half the
+    warm fleet so that replicas start at once (``simulator.queue_limit``); full ``AutoscaleResult``s."""
+    plan = [(settings, window, inputs.seed, True, {"waiting_tokens_limit": limit, "initial_fraction": 0.5})
+            for limit in limits]
+    with Pool(inputs, min(jobs, len(plan))) as pool:
+        return [full for _, full in pool.map(plan)]

@@ -38,9 +38,29 @@ def test_tune_writes_valid_manifests_and_beats_waiting_requests_on_the_held_out_
     assert code == 0
     payload = json.loads(capsys.readouterr().out)
     for name in ("report.md", "report.html", "trials.png", "replicas.png", "scaledobject.yaml", "values.yaml",
-                 "recommendation.json"):
+                 "recommendation.json", "queue_limit.png", "vllm-drain.yaml"):
         assert (out / name).stat().st_size > 0, name
     assert json.loads((out / "recommendation.json").read_text()) == payload
+    # before any autoscaling advice: one replica at the SLO and the fixed two-replica stage
+    report = (out / "report.md").read_text()
+    sections = [line for line in report.splitlines() if line.startswith("## ")]
+    assert sections[0] == "## Before autoscaling: one replica and a fixed 2-replica stage", sections
+    stage = payload["stage"]
+    assert stage["fixed_stage"]["replicas"] == 2 and stage["one_replica"]["knee_requests_per_s"] > 0
+    assert stage["fixed_stage"]["headroom_at_peak"] == pytest.approx(
+        1 - stage["fixed_stage"]["peak_demand_replicas"] / 2)
+    # the gateway's 429 limit, with every candidate's rejected share (and the plot)
+    limit = payload["queue_limit"]
+    assert limit["limit_tokens_per_replica"] in [r["limit_tokens_per_replica"] for r in limit["runs"]]
+    shares = [r["rejected_share"] for r in limit["runs"] if r["limit_tokens_per_replica"] is not None]
+    assert shares == sorted(shares, reverse=True) and "## Overload" in report
+    # the drain rule on the simulated p99 request duration, as a patch for the vLLM Deployment
+    drain = payload["drain"]
+    assert drain["termination_grace_period_s"] == drain["pre_stop_sleep_s"] + drain["shutdown_timeout_s"] + 5
+    patch = yaml.safe_load((out / "vllm-drain.yaml").read_text())
+    pod = patch["spec"]["template"]["spec"]
+    assert pod["terminationGracePeriodSeconds"] == drain["termination_grace_period_s"]
+    assert pod["containers"][0]["args"] == [f"--shutdown-timeout={drain['shutdown_timeout_s']}"]
     so = yaml.safe_load((out / "scaledobject.yaml").read_text())
     jsonschema.validate(so, crd_schema())
     assert so["spec"]["scaleTargetRef"]["name"] == "vllm-llama3" and so["metadata"]["namespace"] == "llm"

@@ -202,18 +202,17 @@ def test_burst_scales_on_waiting_tokens_and_back(vllm_server: VllmServer, tmp_pa
         f"frontend instead: the machine starved it); Prometheus saw {scrapes}; replay: {summary}")
     assert rise is not None, f"desired never rose above 1; {context}; Prometheus saw {scrapes}; replay: {summary}"
     terms = rise["terms"]
-    # the queue asked for it: either the backlog itself, or (when the scaler's evaluations happened to fall
-    # between the pulses' queues, as on a starved CI machine) the capacity it learned from that queue
-    # (scaler.efficiency: a replica queued all window long delivers less than its nominal capacity)
+    # the queue asked for it: the backlog itself, its growth counted as demand (arrivals = served + growth),
+    # or (when the scaler's evaluations happened to fall between the pulses' queues, as on a starved CI
+    # machine) the efficiency the late first tokens taught (scaler.efficiency)
     backlog_asked = terms["waiting_tokens"] > 0 and terms["needed_for_backlog"] > 1
-    learned_from_queue = terms["capacity_factor"] > 1 and terms["demand_replicas"] > terms["served_replicas"]
-    assert backlog_asked or learned_from_queue, rise
-    if backlog_asked:
-        assert terms["needed_for_backlog"] >= terms["needed_for_utilization"], rise
+    growth_counted = terms["demand_replicas"] > terms["served_replicas"]
+    learned_from_queue = terms["efficiency"] < 1
+    assert backlog_asked or growth_counted or learned_from_queue, rise
     # throughput alone (what the replica served) never asked for a second replica
     served = [d["terms"].get("served_replicas", 0.0) for d in decisions] + [
         x["terms"].get("served_replicas", 0.0) for x in samples]
-    assert max(served) < 0.8, served  # 0.8: the target utilization
+    assert max(served) < 0.8, served  # the burst is sized so one replica's throughput stays under 0.8
     # what KEDA reads followed: GetMetrics above 1 at some poll (it stays up for the scale-down delay), and
     # IsActive true at every poll made well inside a period the scaler's log marks active
     assert any(x["desired"] > 1 for x in samples), f"GetMetrics never above 1: {samples}"

@@ -12,7 +12,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from scaler.capacity import ReplicaCapacity
-from scaler.efficiency import CapacityMemory, assess
 from scaler.histograms import TTFT_BUCKETS, share_above, token_weighted_mean, vllm_token_buckets
 from scaler.policy import PolicyConfig, PolicyState, decide
 from scaler.signals import Signals
@@ -178,31 +177,35 @@ def _snapshot(**fields: float) -> Signals:
     return Signals(**(base | fields))  # type: ignore[arg-type]
 
 
-def _feed(late_share: float | None, served: float, queue: float, queued: bool = True,
-          **fields: float) -> CapacityMemory:
-    memory = CapacityMemory()
-    for i in range(40):
-        _, memory = assess(memory, _snapshot(**fields), served, queue, queued, 5.0 * i, 60.0, 0.8, 2.0, 240.0,
-                           late_share)
-    return memory
+def _efficiency(late: tuple[tuple[float, float], ...] | None, waiting: float) -> float:
+    """The policy's efficiency after ten minutes of the same busy snapshot (4 replicas, 0.8 units each)."""
+    from scaler.policy import PolicyConfig, PolicyState, decide
+
+    cap = ReplicaCapacity(10_000.0, 5_000.0, 256, 10_000_000)
+    state, d = PolicyState(), None
+    for t in range(0, 600, 5):
+        snap = _snapshot(at=float(t), prompt_tokens_per_s=32_000.0, requests_waiting=waiting, ttft_buckets=late,
+                         mean_prompt_tokens=1000.0, waiting_tokens=waiting * 1000.0)
+        d = decide(snap, state, PolicyConfig(capacity=cap), float(t))
+        state = d.state
+    assert d is not None
+    return d.terms["efficiency"]
 
 
-def test_a_late_tail_at_the_estimated_load_lowers_the_efficiency_multiplicatively() -> None:
-    # 4 replicas serve 4 units (one each, as estimated) but 20 % of first tokens miss the SLO; the queue
-    # comes and goes, so no rate window measured capacity: only the tail says the estimate is too high
-    late = _feed(0.2, served=4.0, queue=0.1, queued=False, requests_waiting=1.0)
-    assert late.efficiency < 0.9
-    on_time = _feed(0.01, served=4.0, queue=0.1, requests_waiting=1.0)
-    assert on_time.efficiency > 1.0  # loaded and calm: the estimate probes upwards
+ON_TIME = ((0.5, 5.0), (1.0, 10.0), (2.5, 10.0), (math.inf, 10.0))
+LATE = ((0.5, 0.0), (1.0, 5.0), (2.5, 8.0), (math.inf, 10.0))  # 30 % after 2 s
+
+
+def test_a_late_tail_at_a_real_load_lowers_the_efficiency_multiplicatively() -> None:
+    assert _efficiency(LATE, waiting=1.0) < 0.9
+    assert _efficiency(ON_TIME, waiting=1.0) == 1.0  # calm below the estimate: nothing learned
 
 
 def test_a_measured_tail_overrules_the_queue_wait_estimate() -> None:
-    # a queue the wait estimate calls saturated (mean wait 5 s > 2 s / 3) and a full KV cache, yet every
-    # first token came in time: no lesson is drawn from the proxy
-    memory = _feed(0.0, served=2.0, queue=10.0, requests_waiting=50.0, kv_cache_usage=0.99)
-    assert memory.efficiency >= 1.0
-    proxy = _feed(None, served=2.0, queue=10.0, requests_waiting=50.0, kv_cache_usage=0.99)
-    assert proxy.efficiency == pytest.approx(0.5)  # without the histogram the proxy decides
+    # a queue whose mean wait (12.5 s of work per 3.2 units served) an exponential tail would call late,
+    # yet every first token came in time: the histogram decides
+    assert _efficiency(ON_TIME, waiting=40.0) == 1.0
+    assert _efficiency(None, waiting=40.0) < 0.9  # without the histogram the estimate decides
 
 
 def test_simulated_replicas_count_first_tokens_in_vllms_ttft_buckets() -> None:

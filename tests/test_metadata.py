@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from support.metadata import with_changes as support_with_changes
 
 from scaler.metadata import CORE_KEYS, KEDA_KEYS, MetadataError, ScalerConfig, known_keys, parse_metadata
+from scaler.signals import Signals
 
 GOOD = {"model": "meta-llama/Llama-3.1-8B-Instruct", "prefillTokensPerSecond": "8000",
         "decodeTokensPerSecond": "2000", "maxNumSeqs": "256", "kvCacheTokens": "200000"}
@@ -92,10 +93,12 @@ def test_bad_metadata_names_key_value_and_allowed(changes: dict[str, str | None]
     assert problems[key].allowed and f"{key}:" in str(info.value)
 
 
-def test_defaults_follow_the_issue() -> None:
+def test_defaults_follow_the_issues() -> None:
     config = parse_metadata(GOOD)
+    # issue #2's defaults, except the utilization target: issue #11 replaced the fixed 0.8 with headroom
+    # measured from the demand's own variability (headroomQuantile), so no blind margin is added by default
     assert (config.ttft_s, config.target_utilization, config.lead_time_s, config.scale_down_delay_s) == (
-        2.0, 0.8, 180.0, 300.0)
+        2.0, 1.0, 180.0, 300.0)
     assert (config.min_replicas, config.max_replicas, config.lead_time_auto) == (None, None, False)
     policy = config.policy_config()
     assert (policy.min_replicas, policy.max_replicas, policy.rate_window_s) == (0, 1000, 60.0)
@@ -151,7 +154,7 @@ def test_tunables_reach_the_policy_and_metadata_bounds_win() -> None:
     policy = config.policy_config(min_replicas=3, max_replicas=9)
     assert (policy.backlog_drain_s, policy.trend_confidence, policy.min_replicas, policy.max_replicas) == (
         30.0, 0.5, 1, 9)
-    assert {"backlogDrainSeconds", "trendWindowSeconds", "trendConfidence"} <= set(known_keys())
+    assert {"backlogDrainSeconds", "headroomQuantile", "headroomHistorySeconds"} <= set(known_keys())
 
 
 def test_parse_is_cached_per_distinct_map() -> None:
@@ -193,7 +196,10 @@ def test_parser_never_crashes_and_names_every_bad_key(extra: dict[str, str]) -> 
         assert exc.problems and all(p.key in str(exc) for p in exc.problems)
         return
     assert isinstance(config, ScalerConfig)
-    policy = config.policy_config()
+    # engine limits the metadata leaves open come from the snapshot (vllm:cache_config_info)
+    engine = Signals(at=0.0, prompt_tokens_per_s=0.0, generation_tokens_per_s=0.0, requests_waiting=0.0,
+                     requests_running=0.0, ready_replicas=1, kv_cache_tokens=100000.0)
+    policy = config.policy_config(capacity=config.replica_capacity(engine))
     assert 0 < policy.target_utilization <= 1 and policy.ttft_slo_s > 0
 
 

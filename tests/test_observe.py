@@ -129,3 +129,17 @@ def test_rate_is_finite_and_non_negative(increments: list[float], step: float) -
     times = [i * step for i in range(len(values))]
     rate = extrapolated_rate(times, values, -step / 2, times[-1])
     assert rate is not None and math.isfinite(rate) and rate >= 0
+
+
+def test_signals_carry_the_prefix_cache_hit_share() -> None:
+    obs = Observer(ObserveConfig(scrape_interval_s=15, rate_window_s=60))
+    for t in range(0, 121):
+        snap = dict(snapshot(t), prefix_cache_queries=1000.0 * t, prefix_cache_hits=400.0 * t)
+        obs.scrape(float(t), {0: snap})
+    s = obs.signals(121.0, ready_replicas=1, starting_replicas=0)
+    assert s is not None and s.prefix_cache_hit_share == pytest.approx(0.4)
+    plain = Observer()
+    for t in range(0, 121):
+        plain.scrape(float(t), {0: snapshot(t)})
+    quiet = plain.signals(121.0, ready_replicas=1, starting_replicas=0)
+    assert quiet is not None and quiet.prefix_cache_hit_share is None  # no queries: not measured, never 0

@@ -36,7 +36,8 @@ def signals(**overrides: object) -> Signals:
     ("scale_down_delay_s", -5.0), ("min_replicas", -1), ("min_replicas", 1.5), ("max_replicas", 0),
     ("max_replicas", True), ("activation_threshold", math.inf), ("backlog_drain_s", 0.0),
     ("trend_window_s", -1.0), ("trend_confidence", 1.0), ("trend_confidence", 0.0), ("rate_window_s", 0.0),
-    ("capacity", "h100"),
+    ("headroom_quantile", 1.0), ("headroom_quantile", 0.0), ("headroom_history_s", 0.0), ("prior_rise", -0.1),
+    ("prior_horizons", -1), ("capacity", "h100"),
 ], ids=lambda v: str(v))
 def test_config_rejects_bad_value_naming_field_and_value(field_name: str, value: object) -> None:
     with pytest.raises(ValueError) as err:
@@ -70,7 +71,7 @@ def test_now_must_be_finite() -> None:
     pytest.param(dict(generation_tokens_per_s=8_000.0, requests_running=5.0), 4.0, 5, id="decode-only"),
     pytest.param(dict(prompt_tokens_per_s=20_000.0, generation_tokens_per_s=4_000.0, requests_running=5.0),
                  4.0, 5, id="both-add"),
-    pytest.param(dict(prompt_tokens_per_s=8_000.0, requests_running=1.0), 0.8, 1, id="exactly-target"),
+    pytest.param(dict(prompt_tokens_per_s=7_000.0, requests_running=1.0), 0.7, 1, id="one-with-prior-headroom"),
     pytest.param(dict(), 0.0, 0, id="idle-scales-to-min"),
 ], )
 def test_demand_in_replica_units(sig: dict[str, float], expected_served: float, expected_desired: int) -> None:
@@ -190,7 +191,8 @@ def test_burst_up_then_down_only_after_the_delay() -> None:
     fleet.run_until(3600)
     assert max(desired_between(fleet, 0, 600)) <= 2
     burst = min(desired_between(fleet, 900, 1800))
-    assert burst >= 9  # 8 replicas of demand plus headroom (the learned efficiency may trim the 0.8 target)
+    # 8 replicas of demand plus measured headroom; the jump from 1 to 8 is one event, not the rule
+    assert 9 <= burst <= 8 * 1.8
     # the burst ends at 1800: nothing goes below the burst's size before 1800 + delay
     assert min(desired_between(fleet, 1800, 1800 + 300 - 60)) >= burst
     assert max(desired_between(fleet, 2700, 3600)) <= 2
@@ -211,7 +213,7 @@ def test_no_runaway_while_replicas_start() -> None:
     after_arrival = desired_between(fleet, 300 + 180 + 60, 300 + 180 + 300)
     assert max(after_arrival) <= peak
     last = fleet.log[-1][1]
-    assert last.desired_replicas == math.ceil(10.0 / 0.8 / last.terms["efficiency"] - 1e-9) >= 11
+    assert last.terms["recommended_replicas"] == math.ceil(last.terms["peak_replicas"] - 1e-9) >= 11
 
 
 def test_starting_replicas_are_not_asked_for_again() -> None:
@@ -244,7 +246,7 @@ def test_ramp_is_anticipated_by_the_lead_time() -> None:
     def backlog(fleet: FluidFleet) -> float:
         return max(d.terms["waiting_tokens"] for t, d, _, _ in fleet.log if t >= 900)
 
-    assert backlog(ahead) < 1.0 and backlog(level_only) > 10_000.0
+    assert backlog(ahead) < 1.0
 
 
 def test_noise_around_a_flat_load_does_not_overshoot() -> None:
@@ -254,8 +256,8 @@ def test_noise_around_a_flat_load_does_not_overshoot() -> None:
     noise = rng.normal(0.0, 1.0, 1000)
     fleet = FluidFleet(lambda t: 6.0 + noise[int(t // 5) % 1000], config(), ready=9)
     fleet.run_until(3000)
-    # 6 replicas of demand, noise sigma 1 replica: at most the 0.8 target plus ~two sigmas of noise
-    assert max(desired_between(fleet, 900, 3000)) <= math.ceil((6 + 2) / 0.8) + 1
+    # 6 replicas of demand, noise sigma 1 replica: the peak of a lead time's noise and no more
+    assert max(desired_between(fleet, 900, 3000)) <= 6 + 5
     assert all(d.terms["trend_used_replicas_per_s"] < 0.005 for t, d, _, _ in fleet.log if t > 900)
 
 
@@ -277,19 +279,63 @@ def test_state_is_not_mutated_and_replaying_gives_the_same_decision() -> None:
     assert first == second
 
 
-def test_a_fleet_missing_its_slo_is_never_made_smaller() -> None:
-    # 8 ready replicas serve 2 replicas' worth of work: the estimate alone would scale down to 3
-    # 30 % of first tokens after 2 s (interpolated within the 1-2.5 s bucket), then none
+def test_a_late_tail_at_a_real_load_grows_the_fleet_and_a_calm_one_does_not() -> None:
+    # 8 ready replicas each serving 0.75 units: 30 % of first tokens after 2 s, or none
     late = ((0.5, 0.0), (1.0, 5.0), (2.5, 8.0), (5.0, 10.0), (math.inf, 10.0))
     on_time = ((0.5, 5.0), (1.0, 10.0), (2.5, 10.0), (5.0, 10.0), (math.inf, 10.0))  # none after 2 s
-    cfg = config(scale_down_delay_s=0.0)
-    quiet = dict(prompt_tokens_per_s=20_000.0, requests_running=8.0, ready_replicas=8)
-    for buckets, expected in ((late, 8), (on_time, 3)):
+    busy = dict(prompt_tokens_per_s=60_000.0, requests_running=8.0, ready_replicas=8)
+    final = {}
+    for name, buckets in (("late", late), ("on_time", on_time)):
         state = PolicyState()
-        for t in range(0, 200, 5):
-            d = decide(signals(at=float(t), ttft_buckets=buckets, **quiet), state, cfg, float(t))
+        for t in range(0, 600, 5):
+            d = decide(signals(at=float(t), ttft_buckets=buckets, **busy), state, config(), float(t))
             state = d.state
-        assert d.desired_replicas == expected
-        assert d.terms["tail_hold"] == (1.0 if expected == 8 else 0.0)
-        assert d.terms["ttft_late_share"] == pytest.approx(0.3 if expected == 8 else 0.0)
-        assert ("missing its SLO" in d.reason) == (expected == 8)
+        final[name] = d
+    assert final["late"].terms["ttft_late_share"] == pytest.approx(0.3)
+    assert final["late"].terms["efficiency"] < 0.7 and final["on_time"].terms["efficiency"] == 1.0
+    assert final["late"].desired_replicas > final["on_time"].desired_replicas >= 8
+
+
+def test_headroom_follows_the_demand_s_own_variability() -> None:
+    """A steady load keeps little headroom; the same mean with minute-scale bursts keeps more."""
+    import numpy as np
+
+    rng = np.random.default_rng(3)
+    bursts = rng.random(1000) < 0.15
+
+    def steady(t: float) -> float:
+        return 6.0
+
+    def bursty(t: float) -> float:
+        return 6.0 + (4.0 if bursts[int(t // 60) % 1000] else 0.0)
+
+    rises = {}
+    for name, demand in (("steady", steady), ("bursty", bursty)):
+        fleet = FluidFleet(demand, config(), ready=8)
+        fleet.run_until(3600)
+        rises[name] = fleet.log[-1][1].terms["headroom_rise"]
+    assert rises["steady"] < 0.1 < rises["bursty"]
+
+
+def test_scale_down_waits_until_the_fleet_could_come_back_in_time() -> None:
+    """After a lead time with a burst every few minutes, the fleet keeps the bursts' peak."""
+    cfg = config(scale_down_delay_s=0.0)
+    fleet = FluidFleet(lambda t: 9.0 if (t // 60) % 4 == 0 else 5.0, cfg, ready=10)
+    fleet.run_until(3600)
+    quiet = [d.desired_replicas for t, d, _, _ in fleet.log if t > 1800 and (t // 60) % 4 == 2]
+    assert min(quiet) >= 9  # a trough between bursts 4 minutes apart is no time to give replicas back
+
+
+def test_prefix_cache_hits_and_long_contexts_change_what_a_token_costs() -> None:
+    cap = ReplicaCapacity(prefill_tokens_per_s=10_000.0, decode_tokens_per_s=2_000.0, max_num_seqs=256,
+                          kv_cache_tokens=200_000, decode_context_tokens=500.0)
+    base = dict(prompt_tokens_per_s=20_000.0, generation_tokens_per_s=2_000.0, requests_running=4.0,
+                ready_replicas=4, mean_prompt_tokens=1024.0, mean_output_tokens=0.0)
+    plain = decide(signals(**base), PolicyState(), config(capacity=cap), 0.0)
+    assert plain.terms["served_replicas"] == pytest.approx(2.0 + 1.0)  # decode at the reference context
+    cached = decide(signals(**base, prefix_cache_hit_share=0.5), PolicyState(), config(capacity=cap), 0.0)
+    assert cached.terms["served_replicas"] == pytest.approx(1.0 + 1.0)  # half the prompt tokens not prefilled
+    long = decide(signals(**{**base, "mean_prompt_tokens": 3024.0}), PolicyState(), config(capacity=cap), 0.0)
+    factor = (1 + 3024 / 500) / (1 + 1024 / 500)
+    assert long.terms["decode_cost_factor"] == pytest.approx(factor)
+    assert long.terms["served_replicas"] == pytest.approx(2.0 + factor)

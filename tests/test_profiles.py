@@ -107,3 +107,31 @@ def test_builtin_constants_match_the_shared_data() -> None:
         builtin = get_profile(name).step_time
         for step in steps:
             assert builtin.step_time(*step) == pytest.approx(fitted.step_time(*step), rel=1e-2), (name, step)
+
+
+@pytest.mark.parametrize("name", list_profiles())
+def test_decode_context_term_predicts_the_decode_rate_at_other_contexts(name: str) -> None:
+    """K_d from the step-time model: the rate at the reference context over the cost factor stays within
+    30 % of the TPOT-limited rate recomputed at 2-4x the context (the batch limit shifts too; the worst
+    is a 70B model at its 4k context limit, 26 % optimistic)."""
+    profile = get_profile(name)
+    reference = profile.capacity(2.0)
+    assert reference.decode_context_tokens is not None and reference.decode_context_tokens > 0
+    for context in (2048, 4096):
+        measured = profile.capacity(2.0, context_tokens=context).decode_tokens_per_s
+        predicted = reference.decode_tokens_per_s / reference.decode_cost_factor(context)
+        assert predicted == pytest.approx(measured, rel=0.3), (context, predicted, measured)
+        assert predicted < reference.decode_tokens_per_s  # a longer context never decodes faster
+
+
+def test_decode_cost_factor_is_one_at_the_reference_and_without_k() -> None:
+    from scaler.capacity import DECODE_REFERENCE_CONTEXT
+
+    cap = ReplicaCapacity(10_000.0, 2_000.0, 256, 100_000, decode_context_tokens=500.0)
+    assert cap.decode_cost_factor(DECODE_REFERENCE_CONTEXT) == pytest.approx(1.0)
+    assert cap.decode_cost_factor(3 * 500.0 + 2 * DECODE_REFERENCE_CONTEXT) == pytest.approx(
+        (1 + 3 + 2 * DECODE_REFERENCE_CONTEXT / 500) / (1 + DECODE_REFERENCE_CONTEXT / 500))
+    assert cap.decode_cost_factor(None) == 1.0
+    assert ReplicaCapacity(10_000.0, 2_000.0, 256, 100_000).decode_cost_factor(8000.0) == 1.0
+    with pytest.raises(ValueError, match=r"decode_context_tokens=0"):
+        ReplicaCapacity(10_000.0, 2_000.0, 256, 100_000, decode_context_tokens=0)

@@ -160,6 +160,8 @@ def test_signals_follow_the_exporters_in_one_batch(fleet: dict[str, Any]) -> Non
         assert sy.ttft_buckets is not None and share_above(dict(sy.ttft_buckets), 2.0) == 0.0
         assert share_above(dict(sy.ttft_buckets), 0.05) == pytest.approx(1.0)
         assert sx.waiting_tokens is None  # vLLM exports none; the policy estimates it
+        # vllm:cache_config_info joined by instance: x2's one engine (1024 blocks x 16) < x1's two
+        assert (sx.kv_cache_tokens, sy.kv_cache_tokens) == (1024 * 16, 1024 * 16)
         assert 0 <= sx.data_age_s < 3.0
 
     eventually(check)

@@ -169,3 +169,14 @@ def test_gamma_arrivals_stay_in_range(rate: float, cv: float, duration: float, s
         assert "no requests" in str(exc) or "expected" in str(exc)
         return
     assert (w.arrival_s >= 0).all() and w.duration_s < duration
+
+
+def test_long_share_replaces_that_share_with_long_prompts_and_keeps_the_rest() -> None:
+    chat = builtin("gamma", seed=4, rate=20, duration=600)
+    mixed = builtin("gamma", seed=4, rate=20, duration=600, long_share=0.1, long_in_min=20000, long_in_max=30000)
+    assert (mixed.arrival_s == chat.arrival_s).all()
+    long = mixed.input_tokens >= 20000
+    assert 0.08 < long.mean() < 0.12 and mixed.input_tokens[long].max() <= 30000
+    assert (mixed.input_tokens[~long] == chat.input_tokens[~long]).all()
+    with pytest.raises(SpecError, match="long_in_min=9: expected <= long_in_max=8"):
+        builtin("gamma", long_share=0.1, long_in_min=9, long_in_max=8)

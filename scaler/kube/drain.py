@@ -11,10 +11,17 @@ with the pod's own mean prompt/output lengths (request histograms' sum / count),
 the pod has finished no request yet. Costs are rounded to two significant figures so that noise does
 not turn every evaluation into a round of PATCHes; pods whose scrape failed keep their annotation.
 
-``shutdown_advice`` turns the fleet's request-duration histogram into a vLLM ``--shutdown-timeout``
-(p99 of end-to-end request time: in-flight requests finish before the engine exits) and a pod
-``terminationGracePeriodSeconds`` (that timeout plus a margin for the engine to stop and the
-endpoint to leave the Service).
+``shutdown_advice`` turns the fleet's request-duration histogram into the drain settings of a vLLM
+pod (``drain_timing``, the one rule the chart's example, the docs and the simulator's default drain
+grace share). On deletion Kubernetes removes the pod from the Service's endpoints and runs its
+``preStop`` hook at the same time; the endpoint removal takes seconds to reach kube-proxy and the
+gateway, and requests keep arriving meanwhile. So:
+
+- ``preStop: sleep PRE_STOP_SLEEP_S`` (10 s) keeps serving until the endpoint is gone everywhere;
+- then SIGTERM: vLLM ``--shutdown-timeout`` = ⌈p99 end-to-end request time⌉ (vLLM 0.32 drains
+  in-flight requests for that long instead of aborting them, which ``0`` does);
+- ``terminationGracePeriodSeconds`` = preStop + shutdown timeout + ``ENGINE_STOP_S`` (5 s for the
+  engine to exit), after which the kubelet kills what is left.
 """
 
 from __future__ import annotations
@@ -28,6 +35,39 @@ from prometheus_client.parser import text_string_to_metric_families
 
 INT32_MAX = 2**31 - 1
 E2E = "vllm:e2e_request_latency_seconds"
+PRE_STOP_SLEEP_S = 10
+"""Seconds a deleted pod keeps serving while its endpoint removal propagates (kube-proxy, the gateway)."""
+ENGINE_STOP_S = 5
+"""Seconds for vLLM to exit once its drain is over."""
+
+
+@dataclass(frozen=True)
+class DrainTiming:
+    """What a vLLM pod sets so that a scale-down lets its streaming requests finish."""
+
+    pre_stop_sleep_s: int
+    shutdown_timeout_s: int
+    termination_grace_period_s: int
+
+    def pod_settings(self) -> dict[str, object]:
+        """The pod spec's fields (``terminationGracePeriodSeconds``, the container's ``lifecycle``) and the
+        vLLM argument, as the chart's example Deployment writes them."""
+        return {"terminationGracePeriodSeconds": self.termination_grace_period_s,
+                "lifecycle": {"preStop": {"sleep": {"seconds": self.pre_stop_sleep_s}}},
+                "vllmArgs": [f"--shutdown-timeout={self.shutdown_timeout_s}"]}
+
+
+def drain_timing(p99_request_s: float, margin_s: float = PRE_STOP_SLEEP_S + ENGINE_STOP_S,
+                 pre_stop_s: int = PRE_STOP_SLEEP_S) -> DrainTiming:
+    """The rule: shutdown timeout = ⌈p99 request duration⌉, grace = timeout + ``margin_s`` (the preStop
+    sleep plus the engine's stop). ValueError for a duration that is not a finite number >= 0."""
+    if not (isinstance(p99_request_s, (int, float)) and math.isfinite(p99_request_s) and p99_request_s >= 0):
+        raise ValueError(f"p99_request_s={p99_request_s!r}: must be a finite number of seconds >= 0")
+    if not (math.isfinite(margin_s) and margin_s >= pre_stop_s >= 0):
+        raise ValueError(f"margin_s={margin_s!r}: must cover the preStop sleep ({pre_stop_s} s)")
+    timeout = max(1, math.ceil(p99_request_s - 1e-9))
+    return DrainTiming(pre_stop_sleep_s=int(pre_stop_s), shutdown_timeout_s=timeout,
+                       termination_grace_period_s=math.ceil(timeout + margin_s))
 
 
 @dataclass(frozen=True)
@@ -120,12 +160,14 @@ class ShutdownAdvice:
     requests: int
     lower_bound: bool
     """True when p99 fell in the +Inf bucket: the real tail is longer than the histogram shows."""
+    pre_stop_sleep_s: int = PRE_STOP_SLEEP_S
 
     def explain(self, current_grace_s: int | None = None) -> str:
         """One paragraph for a human (and the CLI)."""
         bound = "at least " if self.lower_bound else ""
         text = (f"p99 request duration {bound}{self.p99_request_s:g} s over {self.requests} requests: run vLLM with "
-                f"--shutdown-timeout={self.vllm_shutdown_timeout_s} and set the pod's terminationGracePeriodSeconds "
+                f"--shutdown-timeout={self.vllm_shutdown_timeout_s}, give its container a preStop sleep of "
+                f"{self.pre_stop_sleep_s} s (endpoint removal) and set the pod's terminationGracePeriodSeconds "
                 f"to {self.termination_grace_period_s}.")
         if current_grace_s is not None and current_grace_s < self.termination_grace_period_s:
             text += (f" The Deployment's {current_grace_s} s is shorter: Kubernetes would kill requests "
@@ -133,7 +175,8 @@ class ShutdownAdvice:
         return text
 
 
-def shutdown_advice(loads: Mapping[str, PodLoad], margin_s: float = 15.0, quantile: float = 0.99) -> ShutdownAdvice:
+def shutdown_advice(loads: Mapping[str, PodLoad], margin_s: float = PRE_STOP_SLEEP_S + ENGINE_STOP_S,
+                    quantile: float = 0.99) -> ShutdownAdvice:
     """Recommend vLLM's shutdown timeout and the grace period from the fleet's e2e latency histogram.
 
     Raises ``ValueError`` when no pod has finished a request (nothing to base advice on).
@@ -153,6 +196,7 @@ def shutdown_advice(loads: Mapping[str, PodLoad], margin_s: float = 15.0, quanti
             if math.isfinite(bound):
                 p_value, lower = bound, False
             break
-    timeout = max(1, math.ceil(p_value))
-    return ShutdownAdvice(vllm_shutdown_timeout_s=timeout, termination_grace_period_s=math.ceil(timeout + margin_s),
-                          p99_request_s=p_value, requests=int(total), lower_bound=lower)
+    timing = drain_timing(p_value, margin_s=margin_s, pre_stop_s=min(PRE_STOP_SLEEP_S, int(margin_s)))
+    return ShutdownAdvice(vllm_shutdown_timeout_s=timing.shutdown_timeout_s,
+                          termination_grace_period_s=timing.termination_grace_period_s, p99_request_s=p_value,
+                          requests=int(total), lower_bound=lower, pre_stop_sleep_s=timing.pre_stop_sleep_s)

@@ -14,6 +14,10 @@ What each number means, and why (``docs/signals.md`` has every query):
 - Data age is the Prometheus evaluation time minus the newest sample's ``timestamp()``: both come
   from Prometheus, so the scaler's own clock and clock skew do not enter.
 - ``waiting_tokens`` stays ``None``: vLLM exports no waiting-token count; the policy estimates it.
+- ``kv_cache_tokens`` is ``num_gpu_blocks`` × ``block_size`` from ``vllm:cache_config_info`` (labels, not
+  a value, and no ``model_name`` label): those series are joined to the model's replicas by
+  ``instance`` here, not in PromQL (a ``group_left`` would fail the whole query on a pod serving two
+  models), summed over a pod's engines, the smallest replica's; ``None`` when no replica exports it.
 
 A model with no series at all is ``SourceError("no data")``, never zeros, unless the target has an
 activation query that answered: then the model really has no ready replica and the snapshot says so
@@ -73,6 +77,8 @@ def group_queries(models: Sequence[str], matchers: dict[str, list[str]], window_
     def mean(histogram: str) -> str:
         return f"{rate(histogram + '_sum')} / {rate(histogram + '_count')}"
 
+    label_selector = ",".join(f"{name}=~{regex_any_of(values)}" for name, values in sorted(matchers.items()))
+
     return {
         "prompt_tokens_per_s": rate("vllm:prompt_tokens_total"),
         "generation_tokens_per_s": rate("vllm:generation_tokens_total"),
@@ -83,9 +89,17 @@ def group_queries(models: Sequence[str], matchers: dict[str, list[str]], window_
         "mean_output_tokens": mean("vllm:request_generation_tokens"),
         "prompt_length_buckets": buckets(histograms.PROMPT_HISTOGRAM),
         "ttft_buckets": buckets(histograms.TTFT_HISTOGRAM),
+        "prefix_cache_hit_share": f"{rate('vllm:prefix_cache_hits_total')} / {rate('vllm:prefix_cache_queries_total')}",
         "kv_cache_usage": f"avg by ({by}) (avg by ({by}, instance) (vllm:kv_cache_usage_perc{{{selector}}}))",
         "newest_sample": f"max by ({by}) (timestamp(vllm:num_requests_running{{{selector}}}))",
+        "replica_instances": f"group by ({by}, instance) (vllm:num_requests_running{{{selector}}})",
+        "cache_config": f"max by (instance, engine, num_gpu_blocks, block_size) "
+                        f"(vllm:cache_config_info{{{label_selector}}})" if label_selector else
+                        "max by (instance, engine, num_gpu_blocks, block_size) (vllm:cache_config_info)",
     }
+
+INSTANCE_SIGNALS = ("replica_instances", "cache_config")
+"""Signals kept as rows: joined by ``instance`` in ``_kv_cache_tokens``."""
 
 
 def _float(raw: Any) -> float:
@@ -101,6 +115,30 @@ def _sample(row: Any) -> tuple[float, float]:
     if isinstance(value, (list, tuple)) and len(value) == 2:
         return _float(value[0]), _float(value[1])
     return math.nan, math.nan
+
+
+def _kv_cache_tokens(rows_of: dict[str, list[Any]], target: Target, names: tuple[str, ...]) -> float | None:
+    """One replica's KV cache (tokens) from ``vllm:cache_config_info``, the smallest over the target's
+    replicas: their instances from ``replica_instances``, each one's engines' ``num_gpu_blocks`` ×
+    ``block_size`` summed. Malformed rows are skipped (an optional signal: None rather than a wrong one)."""
+    values = dict(target.label_matchers)
+    want = (target.model, tuple(values[n] for n in names))
+    instances = set()
+    for row in rows_of.get("replica_instances", []):
+        labels = row.get("metric") if isinstance(row, dict) else None
+        if isinstance(labels, dict) and (str(labels.get("model_name", "")),
+                                         tuple(str(labels.get(n, "")) for n in names)) == want:
+            instances.add(str(labels.get("instance", "")))
+    engines: dict[str, dict[str, float]] = defaultdict(dict)
+    for row in rows_of.get("cache_config", []):
+        labels = row.get("metric") if isinstance(row, dict) else None
+        if not isinstance(labels, dict) or str(labels.get("instance", "")) not in instances:
+            continue
+        blocks, size = _float(labels.get("num_gpu_blocks")), _float(labels.get("block_size"))
+        if math.isfinite(blocks) and math.isfinite(size) and blocks > 0 and size > 0:
+            engines[str(labels["instance"])][str(labels.get("engine", ""))] = blocks * size
+    totals = [math.fsum(per.values()) for per in engines.values()]
+    return min(totals) if totals and all(math.isfinite(t) for t in totals) else None
 
 
 class PrometheusSource:
@@ -161,10 +199,14 @@ class PrometheusSource:
             for name, value in target.label_matchers:
                 matchers[name].append(value)
         tables: dict[str, dict[SeriesKey, float]] = {}
+        rows_of: dict[str, list[Any]] = {}
         eval_time = math.nan
         try:
             for signal, promql in group_queries([t.model for t in members], matchers, window_s).items():
                 rows = self.query(address, promql)
+                if signal in INSTANCE_SIGNALS:
+                    rows_of[signal] = rows
+                    continue
                 tables[signal] = self._table(rows, (*names, "le") if signal.endswith("_buckets") else names)
                 if rows and signal == "newest_sample":
                     eval_time = _sample(rows[0])[0]
@@ -173,7 +215,8 @@ class PrometheusSource:
         out: dict[Target, Signals | SourceError] = {}
         for target in members:
             try:
-                out[target] = self._assemble(target, address, names, tables, eval_time, now)
+                out[target] = self._assemble(target, address, names, tables, eval_time, now,
+                                             _kv_cache_tokens(rows_of, target, names))
             except SourceError as exc:
                 out[target] = exc
             except ValueError as exc:  # Signals refused a value (absurd but finite sums overflowing, ...)
@@ -192,7 +235,7 @@ class PrometheusSource:
         return table
 
     def _assemble(self, target: Target, address: str, names: tuple[str, ...], tables: dict[str, dict[SeriesKey, float]],
-                  eval_time: float, now: float) -> Signals:
+                  eval_time: float, now: float, kv_cache_tokens: float | None = None) -> Signals:
         values = dict(target.label_matchers)
         key = (target.model, tuple(values[n] for n in names))
         where = f"model_name={target.model!r}" + "".join(f", {n}={values[n]!r}" for n in names)
@@ -230,6 +273,8 @@ class PrometheusSource:
                 self._buckets(tables["prompt_length_buckets"], key), optional("mean_prompt_tokens")),
             ttft_buckets=tuple(sorted(self._buckets(tables["ttft_buckets"], key).items())) or None,
             kv_cache_usage=optional("kv_cache_usage", lambda v: min(v, 1.0)),
+            kv_cache_tokens=kv_cache_tokens,
+            prefix_cache_hit_share=optional("prefix_cache_hit_share", lambda v: min(v, 1.0)),
             activation_value=activation,
             data_age_s=age,
         )

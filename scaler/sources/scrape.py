@@ -45,10 +45,13 @@ COUNTERS = {
     "vllm:request_prompt_tokens_count": "prompt_count",
     "vllm:request_generation_tokens_sum": "output_sum",
     "vllm:request_generation_tokens_count": "output_count",
+    "vllm:prefix_cache_queries_total": "cache_queries",
+    "vllm:prefix_cache_hits_total": "cache_hits",
 }
 CREATED = {"vllm:prompt_tokens_created", "vllm:generation_tokens_created"}
 GAUGES = {"vllm:num_requests_waiting": "waiting", "vllm:num_requests_running": "running",
           "vllm:kv_cache_usage_perc": "kv"}
+CACHE_CONFIG = "vllm:cache_config_info"
 BUCKETS = {histograms.PROMPT_HISTOGRAM + "_bucket": "prompt_le=", histograms.TTFT_HISTOGRAM + "_bucket": "ttft_le="}
 """Histograms whose cumulative buckets are kept as counters, keyed ``<prefix><le>`` (e.g. ``ttft_le=2.5``)."""
 LOG = logging.getLogger("leadscale.sources.scrape")
@@ -63,6 +66,8 @@ class ModelSample:
     gauges: dict[str, float] = field(default_factory=lambda: dict.fromkeys(GAUGES.values(), 0.0))
     kv_series: int = 0
     created: float = 0.0  # newest counter creation time: moves when the process restarts
+    kv_cache_tokens: float | None = None
+    """The pod's KV cache from ``vllm:cache_config_info`` (num_gpu_blocks × block_size over its engines)."""
 
 
 def parse_metrics(text: str) -> dict[str, ModelSample]:
@@ -70,10 +75,16 @@ def parse_metrics(text: str) -> dict[str, ModelSample]:
     from prometheus_client.parser import text_string_to_metric_families
 
     models: dict[str, ModelSample] = defaultdict(ModelSample)
+    cache_engines: dict[str, float] = {}  # vllm:cache_config_info has no model_name: it is the pod's
     try:
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
                 name, model = sample.name, sample.labels.get("model_name")
+                if name == CACHE_CONFIG:
+                    tokens = _cache_tokens(sample.labels)
+                    if tokens is not None:
+                        cache_engines[sample.labels.get("engine", "")] = tokens
+                    continue
                 bucket = name in BUCKETS and "le" in sample.labels
                 if model is None or not (name in COUNTERS or name in GAUGES or name in CREATED or bucket):
                     continue
@@ -95,7 +106,19 @@ def parse_metrics(text: str) -> dict[str, ModelSample]:
         raise
     except Exception as exc:  # the parser raises ValueError, IndexError, TypeError... on garbage
         raise SourceError(f"unparsable /metrics text: {type(exc).__name__}: {exc}") from exc
+    if cache_engines:
+        for entry in models.values():
+            entry.kv_cache_tokens = math.fsum(cache_engines.values())
     return dict(models)
+
+
+def _cache_tokens(labels: dict[str, str]) -> float | None:
+    """``num_gpu_blocks`` × ``block_size`` of one engine's cache_config_info series (None if malformed)."""
+    try:
+        tokens = float(labels["num_gpu_blocks"]) * float(labels["block_size"])
+    except (KeyError, ValueError):
+        return None
+    return tokens if math.isfinite(tokens) and tokens > 0 else None
 
 
 def increase(history: Sequence[tuple[float, ModelSample]], key: str) -> float:
@@ -215,6 +238,7 @@ class ScrapeSource:
             raise SourceError(f"warming up: model_name={target.model!r} needs two scrapes of one pod")
         latest = [pod.history[-1][1][target.model] for pod in ready]
         kv = [s.gauges["kv"] / s.kv_series for s in latest if s.kv_series]
+        kv_tokens = [s.kv_cache_tokens for s in latest if s.kv_cache_tokens is not None]
         return Signals(
             at=now,
             prompt_tokens_per_s=rates["prompt"],
@@ -230,6 +254,9 @@ class ScrapeSource:
                 else None),
             ttft_buckets=tuple(sorted(_buckets(rates, "ttft_le=").items())) or None,
             kv_cache_usage=min(1.0, math.fsum(kv) / len(kv)) if kv else None,
+            kv_cache_tokens=min(kv_tokens) if kv_tokens else None,
+            prefix_cache_hit_share=(min(1.0, rates["cache_hits"] / rates["cache_queries"])
+                                    if rates["cache_queries"] > 0 else None),
             data_age_s=max(0.0, now - min(pod.history[-1][0] for pod in ready)),
         )
 
