@@ -55,7 +55,8 @@ SUITE = {
     "bursty code completion": ["--trace", "builtin:gamma?rate=100&cv=6&duration=1800&in_mean=2048&in_median=1500"
                                "&in_max=7437&out_mean=28&out_median=13&out_max=1000"],
 }
-FLAGS = ["--profile", "h100-llama3-8b", "--cold-start", "lognormal:p50=120,p90=240", "--slo-ttft", "2", "--json"]
+FLAGS = ["--profile", "h100-llama3-8b", "--cold-start", "lognormal:p50=120,p90=240", "--slo-ttft", "2", "--json",
+         "--fixed-stage", "0", "--rollout", "none"]
 POLICIES = "leadscale,waiting-requests,kv-cache,saturation,oracle"
 BASELINES = ("waiting-requests", "kv-cache", "saturation")
 SLO_S = 2.0

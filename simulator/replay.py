@@ -204,19 +204,20 @@ class Replayer:
             model, max_len = await discover(client, cfg.endpoints[0])
             model = cfg.model or model
 
-            async def count(body: dict[str, Any]) -> int:
+            async def tokenize(body: dict[str, Any]) -> tuple[int, list[int]]:
                 resp = await client.post(cfg.endpoints[0] + "/tokenize", json={"model": model, **body})
                 resp.raise_for_status()
-                return int(resp.json()["count"])
+                answer = resp.json()
+                return int(answer["count"]), [int(t) for t in answer.get("tokens") or ()]
 
-            prompts = PromptBuilder(count, api=cfg.api, seed=cfg.seed)
+            prompts = PromptBuilder(tokenize, api=cfg.api, seed=cfg.seed)
             await prompts.probe()
             info.update(model=model, max_model_len=max_len, prompt_overhead_tokens=prompts.overhead)
             bodies = []
             for i in rows:
                 inp, out, clipped = fit_lengths(int(input_tokens[i]), int(output_tokens[i]), max_len,
                                                 min_prompt=prompts.overhead + 1)
-                body, n_tokens = prompts.build(inp)
+                body, n_tokens = await prompts.build(inp)
                 body.update(model=model, max_tokens=out, ignore_eos=True, stream=True,
                             stream_options={"include_usage": True}, temperature=0.0)
                 body.update(dict(cfg.extra_body))  # the user's fields win
@@ -225,6 +226,7 @@ class Replayer:
                     sent_input_tokens=n_tokens, requested_output_tokens=out, clipped=clipped,
                     scheduled_s=float(arrival_s[i] - (arrival_s[rows[0]] if rows.size else 0.0)) * cfg.time_scale))
                 bodies.append(body)
+            info["tokenize_calls"] = prompts.search_calls
             timeline = (self.out_dir / "metrics.jsonl").open("w")
             self.t0 = time.monotonic()
             recorder = MetricsRecorder(client, cfg.endpoints, timeline, self.t0, cfg.metrics_interval_s)

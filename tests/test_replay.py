@@ -1,7 +1,7 @@
 """Replay client against a tiny in-test OpenAI-compatible server on 127.0.0.1 (error paths, timing, routing).
 
-The fake server counts one token per word plus a BOS, like the real byte-level tokenizer with the
-replay's single-token filler words. ``max_tokens`` picks the behaviour, so a trace's output column
+The fake server's tokenizer makes one token per word (its id a hash of the word) plus a BOS, and a
+token-id prompt is as many tokens as ids. ``max_tokens`` picks the behaviour, so a trace's output column
 scripts each request: 429 refuses, 500 fails, 777 hangs (timeout), 666 drops the stream, 555 sends
 garbage; anything else streams that many tokens.
 """
@@ -69,7 +69,8 @@ class FakeOpenAI(BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(int(self.headers["content-length"])))
         if self.path == "/tokenize":
             text = body.get("prompt") if "prompt" in body else body["messages"][0]["content"] + " x x"
-            self._json(200, {"count": len(text.split()) + 1})
+            tokens = [1] + [3 + sum(map(ord, w)) % 500 for w in text.split()]
+            self._json(200, {"count": len(tokens), "tokens": tokens})
             return
         n = int(body["max_tokens"])
         if n in (429, 500):
@@ -91,7 +92,7 @@ class FakeOpenAI(BaseHTTPRequestHandler):
             time.sleep(self.token_gap_s)
         if n == 666:
             return
-        prompt = len(body["prompt"].split()) + 1
+        prompt = len(body["prompt"]) if isinstance(body["prompt"], list) else len(body["prompt"].split()) + 1
         usage = {"choices": [], "usage": {"prompt_tokens": prompt, "completion_tokens": n}}
         self.wfile.write(f"data: {json.dumps(usage)}\n\ndata: [DONE]\n\n".encode())
         self.wfile.flush()
@@ -186,34 +187,49 @@ def test_time_scale_start_and_max_requests(fake_url: str, tmp_path: Path) -> Non
     assert [r.scheduled_s for r in recs] == pytest.approx([0.0, 0.2])
 
 
-def test_chat_api_counts_template_overhead(fake_url: str, tmp_path: Path) -> None:
-    async def count(body: dict) -> int:
-        text = body["messages"][0]["content"]
-        return len(text.split()) + 3
+def _chars_tokenizer(per_token: int, framing: int, vocab: int = 300):
+    """A tokenizer no English BPE resembles: one token per ``per_token`` characters, ids from the
+    characters, ``framing`` tokens of template (BOS included) around any text."""
+    async def tokenize(body: dict) -> tuple[int, list[int]]:
+        text = body["prompt"] if "prompt" in body else body["messages"][0]["content"]
+        chunks = [text[k:k + per_token] for k in range(0, len(text), per_token)]
+        tokens = [1] * framing + [10 + sum(map(ord, c)) % vocab for c in chunks]
+        return len(tokens), tokens
+    return tokenize
 
-    builder = PromptBuilder(count, api="chat")
+
+def test_completions_prompts_are_token_ids_of_exactly_the_length() -> None:
+    builder = PromptBuilder(_chars_tokenizer(3, framing=1), seed=3)
     asyncio.run(builder.probe())
-    body, n = builder.build(40)
-    assert builder.overhead == 3 and n == 40 and len(body["messages"][0]["content"].split()) == 37
-    assert builder.build(1)[1] == 4  # shorter than the framing: one word, counted honestly
+    body, n = asyncio.run(builder.build(257))
+    assert n == 257 and len(body["prompt"]) == 257 and builder.overhead == 0
+    assert 1 not in body["prompt"]  # the BOS the framing adds is not a filler id
+    assert builder.search_calls == 0  # no /tokenize call per request
 
 
-def test_probe_rejects_a_tokenizer_that_merges_words() -> None:
-    async def merging(body: dict) -> int:
-        return 1 + math.ceil(len(body["prompt"].split()) / 2)
+@given(st.integers(1, 7), st.integers(0, 6), st.integers(1, 3000))
+def test_chat_prompts_hit_the_count_for_any_monotone_tokenizer(per_token: int, framing: int, target: int) -> None:
+    builder = PromptBuilder(_chars_tokenizer(per_token, framing), api="chat", seed=per_token)
+    asyncio.run(builder.probe())
+    body, n = asyncio.run(builder.build(target))
+    assert n == asyncio.run(_chars_tokenizer(per_token, framing)(body))[0]  # the count reported is the server's
+    assert n == max(target, framing + 1)  # exact, or one character when the framing alone is longer
 
-    with pytest.raises(PromptError, match="merges across words"):
-        asyncio.run(PromptBuilder(merging).probe())
+
+def test_a_tokenizer_with_too_few_ordinary_ids_is_refused_by_name() -> None:
+    with pytest.raises(PromptError, match="distinct ordinary token ids"):
+        asyncio.run(PromptBuilder(_chars_tokenizer(3, framing=1, vocab=4)).probe())
 
 
 def test_prompts_differ_so_the_prefix_cache_cannot_help() -> None:
-    async def count(body: dict) -> int:
-        return len(body["prompt"].split()) + 1
-
-    builder = PromptBuilder(count, seed=3)
+    builder = PromptBuilder(_chars_tokenizer(2, framing=1), seed=3)
     asyncio.run(builder.probe())
-    prompts = {builder.build(100)[0]["prompt"][:60] for _ in range(50)}
+    prompts = {tuple(asyncio.run(builder.build(100))[0]["prompt"][:20]) for _ in range(50)}
     assert len(prompts) == 50
+    chat = PromptBuilder(_chars_tokenizer(2, framing=1), api="chat", seed=3)
+    asyncio.run(chat.probe())
+    texts = {asyncio.run(chat.build(100))[0]["messages"][0]["content"][:40] for _ in range(20)}
+    assert len(texts) == 20
 
 
 @pytest.mark.parametrize(("field", "value"), [
