@@ -76,15 +76,17 @@ def test_the_bound_is_below_the_feasible_schedule_which_meets_the_slo(workload: 
 
 
 @pytest.mark.parametrize("workload", list(WORKLOADS))
-@pytest.mark.parametrize("policy", POLICIES)
-def test_no_policy_that_meets_the_slo_is_below_the_bound_or_beats_the_oracle(workload: str, policy: str) -> None:
-    s = result(workload, policy).summary
-    if not meets(s):
-        pytest.skip(f"{policy} misses the SLO on {workload} (p95 {s['ttft_p95']:.2f} s)")
+def test_no_policy_that_meets_the_slo_is_below_the_bound_or_beats_the_oracle(workload: str) -> None:
+    """Every policy that meets the SLO is checked; those that miss it are outside the claim (not skipped:
+    the test below makes sure enough of them are checked)."""
     oracle = result(workload, "oracle").summary
-    assert oracle["oracle_lower_bound_gpu_hours"] <= s["gpu_hours"]
-    # if a causal policy were cheaper than the clairvoyant schedule, the oracle would be wrong
-    assert s["gpu_hours"] >= (1 - NOISE) * oracle["oracle_gpu_hours"]
+    for policy in POLICIES:
+        s = result(workload, policy).summary
+        if not meets(s):
+            continue
+        assert oracle["oracle_lower_bound_gpu_hours"] <= s["gpu_hours"], policy
+        # if a causal policy were cheaper than the clairvoyant schedule, the oracle would be wrong
+        assert s["gpu_hours"] >= (1 - NOISE) * oracle["oracle_gpu_hours"], policy
 
 
 def test_some_policies_do_meet_the_slo_here() -> None:
