@@ -31,11 +31,13 @@ from scaler._proto import externalscaler_pb2 as pb
 from scaler._proto import externalscaler_pb2_grpc as pb_grpc
 from scaler.evaluator import Evaluator, Unavailable, default_source_factory
 from scaler.metadata import MetadataError, Problem
+from scaler.metadata_values import shorten
 from scaler.telemetry import Telemetry
 
 LOG = logging.getLogger("leadscale.service")
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["ExternalScaler"].full_name
 T = TypeVar("T")
+MAX_DETAILS_CHARS = 4096
 
 
 class ExternalScalerServicer(pb_grpc.ExternalScalerServicer):
@@ -60,7 +62,9 @@ class ExternalScalerServicer(pb_grpc.ExternalScalerServicer):
             code, message = grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}"
         finally:
             self.telemetry.observe_rpc(method, time.perf_counter() - started, code.name if code else None)
-        context.abort(code, message)
+        # details travel as trailing metadata, which clients refuse past 8-16 KiB (they would see
+        # RESOURCE_EXHAUSTED instead of our reason)
+        context.abort(code, shorten(message, MAX_DETAILS_CHARS))
         raise AssertionError("unreachable: context.abort raises")
 
     def _object(self, ref: pb.ScaledObjectRef) -> tuple[str, str, dict[str, str]]:
