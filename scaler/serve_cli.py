@@ -40,14 +40,17 @@ def _port(text: str) -> int:
     return value
 
 
-def _workers(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: must be an integer >= 4") from None
-    if value < 4:
-        raise argparse.ArgumentTypeError(f"{text!r}: must be an integer >= 4")
-    return value
+def _integer_at_least(low: int) -> Callable[[str], int]:
+    def convert(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r}: must be an integer >= {low}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{text!r}: must be an integer >= {low}")
+        return value
+
+    return convert
 
 
 def _bool(text: str) -> bool:
@@ -84,7 +87,9 @@ FLAGS: tuple[tuple[str, Callable[[str], Any], Any, str], ...] = (
      "read ready/starting pods, measured lead time and min/max from the API server (in-cluster or kubeconfig)"),
     ("--deletion-cost", _bool, False,
      "with --kubernetes: before a scale-down, mark the least busy pods for deletion (pod-deletion-cost)"),
-    ("--max-workers", _workers, 256, "gRPC worker threads (each open StreamIsActive holds one)"),
+    ("--max-workers", _integer_at_least(4), 256, "gRPC worker threads (each open StreamIsActive holds one)"),
+    ("--max-objects", _integer_at_least(1), 10_000,
+     "most scaled objects evaluated at once; a new one past it is RESOURCE_EXHAUSTED until others idle out"),
     ("--tls-cert", str, None, "server certificate (PEM); enables TLS"),
     ("--tls-key", str, None, "server private key (PEM)"),
     ("--tls-client-ca", str, None, "CA bundle (PEM) that client certificates must chain to; enables mTLS"),

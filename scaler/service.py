@@ -29,7 +29,7 @@ from grpc_reflection.v1alpha import reflection
 
 from scaler._proto import externalscaler_pb2 as pb
 from scaler._proto import externalscaler_pb2_grpc as pb_grpc
-from scaler.evaluator import Evaluator, Unavailable, default_source_factory
+from scaler.evaluator import Evaluator, TooManyObjects, Unavailable, default_source_factory
 from scaler.metadata import MetadataError, Problem
 from scaler.metadata_values import shorten
 from scaler.telemetry import Telemetry
@@ -57,6 +57,8 @@ class ExternalScalerServicer(pb_grpc.ExternalScalerServicer):
             code, message = grpc.StatusCode.INVALID_ARGUMENT, str(exc)
         except Unavailable as exc:
             code, message = grpc.StatusCode.UNAVAILABLE, str(exc)
+        except TooManyObjects as exc:
+            code, message = grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc)
         except Exception as exc:
             LOG.exception("%s failed", method)
             code, message = grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}"
@@ -209,7 +211,7 @@ def serve_forever(args: Any) -> int:
     scrape = tuple(u.strip() for u in (args.scrape_targets or "").split(",") if u.strip())
     evaluator = Evaluator(prometheus_url=args.prometheus_url, scrape_targets=scrape, interval_s=args.interval,
                           staleness_limit_s=args.staleness_limit, idle_timeout_s=args.idle_timeout,
-                          telemetry=telemetry, kube=kube,
+                          telemetry=telemetry, kube=kube, max_objects=args.max_objects,
                           source_factory=getattr(args, "source_factory", None) or default_source_factory)
     tls = TlsFiles(args.tls_cert, args.tls_key, args.tls_client_ca) if args.tls_cert else None
     try:

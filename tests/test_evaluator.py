@@ -13,7 +13,7 @@ from typing import ClassVar
 import pytest
 
 from scaler import policy
-from scaler.evaluator import Evaluator, Unavailable
+from scaler.evaluator import Evaluator, TooManyObjects, Unavailable
 from scaler.metadata import MetadataError, parse_metadata
 from scaler.signals import Signals
 from scaler.sources.base import SourceError, Target
@@ -363,3 +363,28 @@ def test_kubernetes_discovery_scrapes_a_real_pod_without_prometheus() -> None:
         ev.stop()
         assert [url for url, _ in kube.scrapes] == [pod.url], "the pod's first answered scrape, once"
         assert before <= kube.scrapes[0][1] <= time.time(), "on the evaluator's (wall) clock"
+
+
+def test_dropped_objects_take_their_error_series_with_them() -> None:
+    """Names churn (deploys, renames): a counter per gone object would grow the registry without bound."""
+    clock = Clock()
+    ev = make(FakeSource(error="Prometheus down"), clock, idle_timeout_s=60.0)
+    with pytest.raises(Unavailable):
+        ev.lookup("llm", "gone", META)
+    labels = {"namespace": "llm", "name": "gone", "reason": "source"}
+    assert ev.telemetry.registry.get_sample_value("leadscale_evaluation_errors_total", labels) == 1
+    clock.t += 61
+    ev.run_once()
+    assert ev.telemetry.registry.get_sample_value("leadscale_evaluation_errors_total", labels) is None
+    with pytest.raises(Unavailable):  # the same name coming back counts from zero again
+        ev.lookup("llm", "gone", META)
+    assert ev.telemetry.registry.get_sample_value("leadscale_evaluation_errors_total", labels) == 1
+
+
+def test_objects_are_bounded() -> None:
+    ev = make(FakeSource(load={"llama": 8000.0}), max_objects=2)
+    ev.lookup("llm", "a", META)
+    ev.lookup("llm", "b", META)
+    with pytest.raises(TooManyObjects, match=r"llm/c: this scaler already evaluates 2 scaled objects \(--max-objects"):
+        ev.lookup("llm", "c", META)
+    assert ev.lookup("llm", "a", META).desired_replicas >= 1  # the known ones still answer
