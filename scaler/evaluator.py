@@ -53,13 +53,14 @@ class TooManyObjects(Exception):
     """``max_objects`` are already evaluated; the service answers RESOURCE_EXHAUSTED (KEDA's fallback applies)."""
 
 
-def default_source_factory(key: SourceKey) -> SignalSource:
-    """Build the real source for a key (imported here: they pull in HTTP clients)."""
+def default_source_factory(key: SourceKey, prometheus_auth: Any = None) -> SignalSource:
+    """Build the real source for a key (imported here: they pull in HTTP clients); ``prometheus_auth`` is
+    a ``PrometheusAuth`` for the server's ``--prometheus-url``."""
     kind, where = key
     if kind == "prometheus":
         from scaler.sources.prometheus import PrometheusSource
 
-        return PrometheusSource(str(where))
+        return PrometheusSource(str(where), auth=prometheus_auth)
     from scaler.sources.scrape import ScrapeSource
 
     return ScrapeSource(list(where))

@@ -77,7 +77,13 @@ FLAGS: tuple[tuple[str, Callable[[str], Any], Any, str], ...] = (
     ("--host", str, "0.0.0.0", "address the gRPC and metrics servers listen on"),
     ("--port", _port, 9090, "gRPC port KEDA connects to (scalerAddress)"),
     ("--metrics-port", _port, 9091, "port of the scaler's own /metrics and /decisions; 0 picks a free one"),
+    ("--metrics-host", str, None, "address /metrics and /decisions listen on (default: --host)"),
     ("--prometheus-url", str, None, "default Prometheus for triggers without prometheusAddress"),
+    ("--prometheus-auth-modes", str, None,
+     "how to reach --prometheus-url, as KEDA's Prometheus trigger's authModes: bearer, basic, tls (comma-separated)"),
+    ("--prometheus-auth-dir", str, None,
+     "directory of files named after KEDA's Prometheus TriggerAuthentication parameters: bearerToken, username, "
+     "password, ca, cert, key (a mounted Secret); sent only to --prometheus-url"),
     ("--scrape-targets", str, None, "comma-separated pod /metrics URLs: direct-scrape mode instead of Prometheus"),
     ("--interval", _positive_float, 5.0, "seconds between evaluations of each scaled object"),
     ("--staleness-limit", _positive_float, 60.0,
@@ -137,6 +143,11 @@ def resolve(args: argparse.Namespace) -> argparse.Namespace:
         problems.append("--deletion-cost needs --kubernetes")
     if values["tls_client_ca"] and not values["tls_cert"]:
         problems.append("--tls-client-ca (mTLS) needs --tls-cert and --tls-key")
+    if (values["prometheus_auth_modes"] or values["prometheus_auth_dir"]) and not values["prometheus_url"]:
+        problems.append("--prometheus-auth-modes/--prometheus-auth-dir need --prometheus-url "
+                        "(credentials go only there)")
+    if values["metrics_host"] is None:
+        values["metrics_host"] = values["host"]
     if problems:
         raise SystemExit("leadscale serve: " + "; ".join(problems))
     return argparse.Namespace(**{**vars(args), **values})

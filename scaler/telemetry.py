@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import socket
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -159,7 +160,13 @@ def serve_http(telemetry: Telemetry, decisions: Callable[[], list[dict[str, Any]
         def log_message(self, format: str, *args: Any) -> None:  # quiet: scrapes every few seconds
             return
 
-    server = ThreadingHTTPServer((host, port), Handler)
+    server_class = ThreadingHTTPServer
+    if ":" in host:  # an IPv6 address such as "::"
+        class V6(ThreadingHTTPServer):
+            address_family = socket.AF_INET6
+
+        server_class = V6
+    server = server_class((host.strip("[]"), port), Handler)
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, name="leadscale-metrics-http", daemon=True).start()
     return server

@@ -13,7 +13,15 @@ What each number means, and why (``docs/signals.md`` has every query):
   with several data-parallel engines is one replica); KV usage is the mean over those replicas.
 - Data age is the Prometheus evaluation time minus the newest sample's ``timestamp()``: both come
   from Prometheus, so the scaler's own clock and clock skew do not enter.
+- A Prometheus that has not seen the older half of the rate window (it just started, or came back
+  after an outage longer than that) is "warming up", a ``SourceError``: ``rate()`` extrapolates only
+  half a scrape interval past the first sample, so over a window it saw a third of it would report a
+  third of the load. Pods that are new themselves (a cold start) are measured as usual.
 - ``waiting_tokens`` stays ``None``: vLLM exports no waiting-token count; the policy estimates it.
+
+Credentials (``PrometheusAuth``: bearer token, basic auth, client certificate, CA) go only to the
+source's own URL, never to a trigger's ``prometheusAddress``; messages show neither them nor a URL's
+``user:password@``.
 
 A model with no series at all is ``SourceError("no data")``, never zeros, unless the target has an
 activation query that answered: then the model really has no ready replica and the snapshot says so
@@ -28,13 +36,38 @@ import threading
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from typing import Any
+from urllib.parse import urlsplit
 
 from scaler import histograms
 from scaler.signals import Signals
 from scaler.sources.base import SourceError, Target
+from scaler.sources.prometheus_auth import REDACTED, Material, PrometheusAuth
 
 GroupKey = tuple[str, float, tuple[str, ...]]
+NO_AUTH = Material()
 SeriesKey = tuple[str, tuple[str, ...]]  # (model_name, values of the group's label names)
+
+
+def origin(url: str) -> tuple[str, str, int | None]:
+    """(scheme, host, port) of a URL, default ports filled in: where credentials may go."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port or {"http": 80, "https": 443}.get(parts.scheme)
+    except ValueError:
+        return ("", url, None)
+    return (parts.scheme, (parts.hostname or "").lower(), port)
+
+
+def shown(url: str) -> str:
+    """``url`` without a ``user:password@`` part, for messages, logs and ``/decisions``."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return url
+    if parts.username is None and parts.password is None:
+        return url
+    host = parts.netloc.rsplit("@", 1)[-1]
+    return parts._replace(netloc=f"{REDACTED}@{host}").geturl()
 
 
 def promql_string(value: str) -> str:
@@ -62,7 +95,7 @@ def group_queries(models: Sequence[str], matchers: dict[str, list[str]], window_
     selector = ",".join([f"model_name=~{regex_any_of(models)}",
                          *(f"{name}=~{regex_any_of(values)}" for name, values in sorted(matchers.items()))])
     by = ", ".join(["model_name", *sorted(matchers)])
-    window = promql_duration(window_s)
+    window, half = promql_duration(window_s), promql_duration(window_s / 2)
 
     def rate(metric: str) -> str:
         return f"sum by ({by}) (rate({metric}{{{selector}}}[{window}]))"
@@ -85,6 +118,9 @@ def group_queries(models: Sequence[str], matchers: dict[str, list[str]], window_
         "ttft_buckets": buckets(histograms.TTFT_HISTOGRAM),
         "kv_cache_usage": f"avg by ({by}) (avg by ({by}, instance) (vllm:kv_cache_usage_perc{{{selector}}}))",
         "newest_sample": f"max by ({by}) (timestamp(vllm:num_requests_running{{{selector}}}))",
+        # has this Prometheus seen the older half of the window? (0: it started or came back since; empty:
+        # it has no `up` series at all, as behind some remote-write setups, and then we cannot tell)
+        "observed_window": f"count(count_over_time(up[{half}] offset {half})) or count(up) * 0",
     }
 
 
@@ -111,36 +147,62 @@ class PrometheusSource:
     One failed query fails only the targets it serves, each with a ``SourceError`` naming the query.
     """
 
-    def __init__(self, url: str, timeout_s: float = 2.0) -> None:
+    def __init__(self, url: str, timeout_s: float = 2.0, auth: PrometheusAuth | None = None) -> None:
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-            raise ValueError(f"PrometheusSource url={url!r}: must be an http:// or https:// URL")
+            raise ValueError(f"PrometheusSource url={shown(url)!r}: must be an http:// or https:// URL")
         if not (isinstance(timeout_s, (int, float)) and math.isfinite(timeout_s) and timeout_s > 0):
             raise ValueError(f"PrometheusSource timeout_s={timeout_s!r}: must be a finite number > 0")
         self.url = url.rstrip("/")
         self.timeout_s = float(timeout_s)
-        self._clients: dict[str, Any] = {}
+        self.auth = auth
+        """Sent only to ``url``'s origin: a trigger's own ``prometheusAddress`` could be anyone's server."""
+        self._clients: dict[str, tuple[Any, Material]] = {}
         self._lock = threading.Lock()
 
+    def _material(self, address: str) -> Material:
+        return self.auth.material() if self.auth is not None and origin(address) == origin(self.url) else NO_AUTH
+
+    def _redact(self, address: str, text: str) -> str:
+        text = self._material(address).redact(text)
+        try:
+            password = urlsplit(address).password
+        except ValueError:
+            password = None
+        return text.replace(password, REDACTED) if password else text
+
     def _client(self, address: str) -> Any:
-        """One PrometheusConnect per address, without urllib3's retries and backoff (the loop retries)."""
+        """One PrometheusConnect per address, without urllib3's retries and backoff (the loop retries);
+        rebuilt when the credentials' files change."""
+        material = self._material(address)
         with self._lock:
-            if address not in self._clients:
+            client, built_with = self._clients.get(address, (None, None))
+            if client is None or built_with is not material:
+                import requests
                 from prometheus_api_client import PrometheusConnect
                 from urllib3.util.retry import Retry
 
-                self._clients[address] = PrometheusConnect(url=address, retry=Retry(total=0, raise_on_status=False),
-                                                           timeout=self.timeout_s)  # type: ignore[arg-type]
-            return self._clients[address]
+                session = requests.Session()
+                session.verify, session.cert = material.verify, material.cert
+                client = PrometheusConnect(url=address, headers=dict(material.headers) or None, auth=material.basic,
+                                           retry=Retry(total=0, raise_on_status=False), session=session,
+                                           timeout=self.timeout_s)  # type: ignore[arg-type]
+                self._clients[address] = (client, material)
+            return client
 
     def query(self, address: str, promql: str) -> list[Any]:
-        """Run one instant query; any failure (unreachable, HTTP error, bad answer) is a SourceError."""
+        """Run one instant query; any failure (unreachable, HTTP error, bad answer) is a SourceError.
+
+        Messages name the address without its user:password and show no credential.
+        """
         try:
             result = self._client(address).custom_query(promql)
         except Exception as exc:  # requests, urllib3 and the client each raise their own types
-            detail = str(exc)[:300]
-            raise SourceError(f"Prometheus {address} failed query {promql!r}: {type(exc).__name__}: {detail}") from exc
+            detail = self._redact(address, str(exc))[:300]
+            raise SourceError(f"Prometheus {shown(address)} failed query {promql!r}: {type(exc).__name__}: "
+                              f"{detail}") from exc
         if not isinstance(result, list):
-            raise SourceError(f"Prometheus {address} answered {promql!r} with {type(result).__name__}, not a list")
+            raise SourceError(f"Prometheus {shown(address)} answered {promql!r} with {type(result).__name__}, "
+                              "not a list")
         return result
 
     def fetch(self, targets: Sequence[Target], now: float) -> dict[Target, Signals | SourceError]:
@@ -170,6 +232,12 @@ class PrometheusSource:
                     eval_time = _sample(rows[0])[0]
         except SourceError as exc:
             return {target: exc for target in members}
+        if tables["observed_window"].get(("", ()), math.nan) == 0:
+            warming = SourceError(
+                f"warming up: Prometheus {shown(address)} has no sample older than half the rate window "
+                f"({promql_duration(window_s)}): it started or came back moments ago, and rate() over a window "
+                "it has only partly seen would understate the load")
+            return {target: warming for target in members}
         out: dict[Target, Signals | SourceError] = {}
         for target in members:
             try:
@@ -177,7 +245,8 @@ class PrometheusSource:
             except SourceError as exc:
                 out[target] = exc
             except ValueError as exc:  # Signals refused a value (absurd but finite sums overflowing, ...)
-                out[target] = SourceError(f"Prometheus {address} gave unusable numbers for {target.model!r}: {exc}")
+                out[target] = SourceError(f"Prometheus {shown(address)} gave unusable numbers for "
+                                          f"{target.model!r}: {exc}")
         return out
 
     @staticmethod
@@ -201,13 +270,13 @@ class PrometheusSource:
             if activation is not None:
                 return Signals(at=now, prompt_tokens_per_s=0.0, generation_tokens_per_s=0.0, requests_waiting=0.0,
                                requests_running=0.0, ready_replicas=0, activation_value=activation)
-            raise SourceError(f"no data: Prometheus {address} has no vllm:num_requests_running series for {where} "
-                              "(no ready replica, a wrong model name or label, or scraping is broken)")
+            raise SourceError(f"no data: Prometheus {shown(address)} has no vllm:num_requests_running series for "
+                              f"{where} (no ready replica, a wrong model name or label, or scraping is broken)")
 
         def required(signal: str, hint: str) -> float:
             value = tables[signal].get(key, math.nan)
             if not (math.isfinite(value) and value >= 0):
-                raise SourceError(f"no data: {signal} for {where} is {value!r} on {address} ({hint})")
+                raise SourceError(f"no data: {signal} for {where} is {value!r} on {shown(address)} ({hint})")
             return value
 
         def optional(signal: str, clamp: Callable[[float], float] = lambda v: v) -> float | None:
@@ -260,6 +329,6 @@ class PrometheusSource:
             return None
         total = math.fsum(values)
         if not math.isfinite(total):
-            raise SourceError(f"activation query {target.activation_query!r} on {address} gave {values!r}: "
+            raise SourceError(f"activation query {target.activation_query!r} on {shown(address)} gave {values!r}: "
                               "want finite numbers")
         return total
