@@ -7,7 +7,8 @@
         scaler.kill(); scaler.start()            # SIGKILL and a fresh process on the same ports
 
 Ports are picked once and kept across restarts, so a client keeps dialling the same address, as
-KEDA does. The log (stderr) goes to ``<dir>/serve-<n>.log``; ``log()`` returns all of it.
+KEDA does; they are given after ``args`` (so they win), the loopback ``--host`` before (so ``args`` may
+set another). The log (stderr) goes to ``<dir>/serve-<n>.log``; ``log()`` returns all of it.
 """
 
 from __future__ import annotations
@@ -51,8 +52,9 @@ class ScalerProcess:
     def start(self) -> ScalerProcess:
         log = self.log_dir / f"serve-{len(self.logs)}.log"
         self.logs.append(log)
-        command = [sys.executable, "-m", "scaler.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port),
-                   "--metrics-port", str(self.metrics_port), *self.args]
+        # our ports last (they win over any in ``args``, e.g. a chart's), our host first (``args`` may move it)
+        command = [sys.executable, "-m", "scaler.cli", "serve", "--host", "127.0.0.1", *self.args,
+                   "--port", str(self.port), "--metrics-port", str(self.metrics_port)]
         with log.open("wb") as err:
             self.proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err,
                                          stdin=subprocess.DEVNULL)
