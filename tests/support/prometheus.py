@@ -58,7 +58,7 @@ class PrometheusServer:
                  binary: str = DEFAULT_BINARY, extra_args: Sequence[str] = (), ready_timeout_s: float = 60.0,
                  data_dir: str | Path | None = None, web_config: Mapping[str, Any] | None = None,
                  client_verify: str | bool = True, client_auth: tuple[str, str] | None = None,
-                 port: int = 0) -> None:
+                 client_cert: tuple[str, str] | None = None, port: int = 0) -> None:
         if any(arg.startswith("--storage.tsdb.path") for arg in extra_args):
             raise ValueError("PrometheusServer extra_args: pass data_dir=... instead of --storage.tsdb.path")
         self.binary, self.scrape_interval_s = binary, scrape_interval_s
@@ -66,7 +66,11 @@ class PrometheusServer:
         self.extra_args, self.ready_timeout_s = list(extra_args), ready_timeout_s
         self._initial_targets = list(scrape_targets)
         self.web_config = dict(web_config) if web_config else None
-        verify = ssl.create_default_context(cafile=client_verify) if isinstance(client_verify, str) else client_verify
+        verify: ssl.SSLContext | bool = client_verify if isinstance(client_verify, bool) else \
+            ssl.create_default_context(cafile=client_verify)
+        if client_cert is not None:
+            verify = verify if isinstance(verify, ssl.SSLContext) else ssl.create_default_context()
+            verify.load_cert_chain(*client_cert)
         self.client: dict[str, Any] = {"verify": verify, "auth": client_auth}
         self._dir: Path | None = None
         self._proc: subprocess.Popen[bytes] | None = None

@@ -36,6 +36,7 @@ class ScalerProcess:
 
     def __init__(self, args: Sequence[str], log_dir: Path, ready_timeout_s: float = 60.0) -> None:
         self.args, self.log_dir, self.ready_timeout_s = list(args), Path(log_dir), ready_timeout_s
+        self.log_dir.mkdir(parents=True, exist_ok=True)
         self.port, self.metrics_port = free_port(), free_port()
         self.proc: subprocess.Popen[bytes] | None = None
         self.logs: list[Path] = []
