@@ -88,3 +88,22 @@ def test_mtls_refuses_a_certificate_from_another_ca(mtls_server: RunningScaler, 
 def test_unreadable_pem_names_the_flag(tmp_path: Path, pki: Pki) -> None:
     with pytest.raises(ValueError, match=r"--tls-key='.*missing\.pem': cannot read"):
         TlsFiles(str(pki.server_cert), str(tmp_path / "missing.pem")).credentials()
+
+
+def test_the_serve_process_requires_keda_client_certificate(pki: Pki, tmp_path: Path) -> None:
+    """``leadscale serve --tls-cert --tls-key --tls-client-ca``, as the chart runs it with ``tls.mtls.enabled``."""
+    from support.scaler_process import ScalerProcess
+
+    args = ["--tls-cert", str(pki.server_cert), "--tls-key", str(pki.server_key), "--tls-client-ca", str(pki.ca_path),
+            "--prometheus-url", "http://127.0.0.1:9"]
+    with ScalerProcess(args, tmp_path) as scaler:
+        assert "(mTLS)" in scaler.log()
+        keda = grpc.ssl_channel_credentials(root_certificates=pki.ca, private_key=pki.client_key,
+                                            certificate_chain=pki.client_cert)
+        with grpc.secure_channel(f"localhost:{scaler.port}", keda) as channel:
+            spec = pb_grpc.ExternalScalerStub(channel).GetMetricSpec(REF, timeout=5)  # needs no Prometheus
+        assert spec.metricSpecs[0].metricName == "leadscale-llama"
+        for credentials in (grpc.ssl_channel_credentials(root_certificates=pki.ca), None):
+            with pytest.raises(grpc.RpcError) as info:
+                call(scaler.port, credentials)
+            assert info.value.code() == grpc.StatusCode.UNAVAILABLE
