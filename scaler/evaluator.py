@@ -262,7 +262,6 @@ class Evaluator:
             for key in [k for k in self._sources if k not in used]:  # a gone object's scrape history, say
                 del self._sources[key]
             self.telemetry.objects.set(len(self._entries))
-        with self._lock:
             alive = {(e.namespace, e.name) for e in self._entries.values()}
         for entry in dropped:
             LOG.info("dropping idle scaled object %s/%s", entry.namespace, entry.name)

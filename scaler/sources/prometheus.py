@@ -223,16 +223,19 @@ class PrometheusSource:
             for name, value in target.label_matchers:
                 matchers[name].append(value)
         tables: dict[str, dict[SeriesKey, float]] = {}
-        eval_time = math.nan
+        eval_time = observed = math.nan
         try:
             for signal, promql in group_queries([t.model for t in members], matchers, window_s).items():
                 rows = self.query(address, promql)
+                if signal == "observed_window":  # one number for the whole Prometheus, no labels
+                    observed = _sample(rows[0])[1] if rows else math.nan
+                    continue
                 tables[signal] = self._table(rows, (*names, "le") if signal.endswith("_buckets") else names)
                 if rows and signal == "newest_sample":
                     eval_time = _sample(rows[0])[0]
         except SourceError as exc:
             return {target: exc for target in members}
-        if tables["observed_window"].get(("", ()), math.nan) == 0:
+        if observed == 0:
             warming = SourceError(
                 f"warming up: Prometheus {shown(address)} has no sample older than half the rate window "
                 f"({promql_duration(window_s)}): it started or came back moments ago, and rate() over a window "
