@@ -280,3 +280,13 @@ def test_a_prometheus_that_saw_less_than_half_the_window_is_warming_up_for_every
 def test_the_window_check_asks_prometheus_about_the_older_half() -> None:
     queries = group_queries(["m"], {}, 60)
     assert queries["observed_window"] == "count(count_over_time(up[30s] offset 30s)) or count(up) * 0"
+
+
+def test_http_clients_are_bounded_as_trigger_addresses_come_and_go() -> None:
+    from scaler.sources.prometheus import MAX_CLIENTS
+
+    source = PrometheusSource("http://127.0.0.1:9")
+    for port in range(MAX_CLIENTS + 20):
+        source._client(f"http://127.0.0.1:{10000 + port}")
+    assert len(source._clients) == MAX_CLIENTS
+    assert f"http://127.0.0.1:{10000 + MAX_CLIENTS + 19}" in source._clients  # the newest stay

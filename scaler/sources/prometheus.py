@@ -45,6 +45,8 @@ from scaler.sources.prometheus_auth import REDACTED, Material, PrometheusAuth
 
 GroupKey = tuple[str, float, tuple[str, ...]]
 NO_AUTH = Material()
+MAX_CLIENTS = 64
+"""HTTP clients kept (one per Prometheus address, each with its connection pool)."""
 SeriesKey = tuple[str, tuple[str, ...]]  # (model_name, values of the group's label names)
 
 
@@ -186,6 +188,9 @@ class PrometheusSource:
                 client = PrometheusConnect(url=address, headers=dict(material.headers) or None, auth=material.basic,
                                            retry=Retry(total=0, raise_on_status=False), session=session,
                                            timeout=self.timeout_s)  # type: ignore[arg-type]
+                self._clients.pop(address, None)
+                while len(self._clients) >= MAX_CLIENTS:  # triggers' own addresses come and go: oldest out
+                    self._clients.pop(next(iter(self._clients)))
                 self._clients[address] = (client, material)
             return client
 
