@@ -94,8 +94,12 @@ class Poller:
 
 
 def all_within_deadline(answers: list[Answer]) -> None:
+    """Every answer within KEDA's deadline, and no IsActive ``false`` while the pods are busy (each test keeps
+    its load on throughout): a made-up ``false`` would let KEDA scale to zero."""
     slow = [a for a in answers if a.took_s >= DEADLINE_S]
     assert not slow, f"answers past KEDA's {DEADLINE_S} s deadline: {slow[:5]}"
+    only([a for a in answers if a.rpc == "IsActive"], lambda a: a.code == "UNAVAILABLE" or a.value is True,
+         "IsActive is true or UNAVAILABLE")
 
 
 def only(answers: list[Answer], allowed: Callable[[Answer], bool], what: str) -> None:
