@@ -21,7 +21,7 @@ per call kind, errors, each server's CPU (cores) and RSS (first and last third, 
 
     python benchmarks/bench_getmetrics.py                 # 500 calls/s for 20 s, then the ramp
     python benchmarks/bench_getmetrics.py --duration 5 --step 2 --max-rate 4000
-    python benchmarks/bench_getmetrics.py --soak 600 --json soak.json   # the 10-minute soak
+    python benchmarks/bench_getmetrics.py --warmup 660 --soak 600 --json soak.json   # the 10-minute soak
 """
 
 from __future__ import annotations
@@ -203,6 +203,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-rate", type=float, default=16000.0, help="stop the ramp here")
     soak_group = parser.add_argument_group("soak (--soak S): KEDA's shape, side by side with a peer")
     soak_group.add_argument("--soak", type=float, default=0.0, metavar="S", help="run the soak for S seconds")
+    soak_group.add_argument("--warmup", type=float, default=0.0, metavar="S",
+                            help="first run the same load S seconds unmeasured (the policy's history windows fill: "
+                                 "trendWindowSeconds, 600 by default)")
     soak_group.add_argument("--objects", type=int, default=1000, help="scaled objects")
     soak_group.add_argument("--period", type=float, default=15.0, help="seconds between polls of one object")
     soak_group.add_argument("--steady-clients", type=int, default=4, help="channels of the steady polling")

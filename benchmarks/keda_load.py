@@ -2,8 +2,10 @@
 churn, and what the server process costs meanwhile (CPU, RSS), measured from outside with psutil.
 
 - ``Steady``: every object gets KEDA's three calls (GetMetricSpec, GetMetrics, IsActive) once per
-  ``period_s`` (15 s: the HPA sync), objects spread evenly over the period, open loop: latency runs
-  from each call's *scheduled* time, so a stall shows up instead of being waited out.
+  ``period_s`` (15 s: the HPA sync), objects spread evenly over the period, open loop: calls go out on
+  schedule whatever the earlier ones are doing, so a server stall shows up instead of being waited
+  out. Latency runs from the send; how late the dispatcher itself sent (this process's own GIL and
+  timer) is kept apart as ``lag``.
 - ``burst``: ``clients`` channels at once, each making ``calls`` GetMetrics back to back (a KEDA
   restart, or many ScaledObjects reconciled together).
 - churn: ``Steady.rename`` gives a slice of the objects new names; the old ones are no longer asked
@@ -51,6 +53,13 @@ class Recorder:
 
         future.add_done_callback(done)
 
+    def clear(self) -> None:
+        """Forget everything so far (the end of a warm-up)."""
+        with self.lock:
+            self.latencies.clear()
+            self.errors.clear()
+            self.error_samples.clear()
+
     def summary(self, kind: str) -> dict[str, float]:
         values = np.asarray(self.latencies.get(kind, []))
         p50, p99 = (np.percentile(values, [50, 99]) if values.size else (np.nan, np.nan))
@@ -68,6 +77,10 @@ class Steady:
         """Bumped by ``rename``: object i is asked about under name (i, generation[i])."""
         self.fresh: set[int] = set()
         """Objects renamed since their last poll: their first calls are recorded as kind ``first``."""
+        self.lag_ms: list[float] = []
+        """How late each tick was sent, against its schedule."""
+        self.bursting = threading.Event()
+        """Set while a burst runs: calls sent meanwhile are recorded as ``<kind> in burst``."""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="steady-load", daemon=True)
 
@@ -95,8 +108,11 @@ class Steady:
             i = k % self.objects
             first = i in self.fresh
             self.fresh.discard(i)
+            sent = time.perf_counter()
+            self.lag_ms.append((sent - scheduled) * 1000)
+            during = " in burst" if self.bursting.is_set() else ""
             for kind, call in self.calls(i, self.generation[i]):
-                self.recorder.track(f"first {kind}" if first else kind, call(), scheduled)
+                self.recorder.track(f"first {kind}" if first else kind + during, call(), sent)
             k += 1
 
 
@@ -147,6 +163,11 @@ class Sampler:
 
     def stop(self) -> None:
         self._stop.set()
+        self.sample()
+
+    def restart(self) -> None:
+        """Forget the samples so far and take a first one now (the end of a warm-up)."""
+        self.samples.clear()
         self.sample()
 
     def summary(self, after_s: float) -> dict[str, float]:
