@@ -45,6 +45,7 @@ from scaler.sources.prometheus_auth import REDACTED, Material, PrometheusAuth
 
 GroupKey = tuple[str, float, tuple[str, ...]]
 NO_AUTH = Material()
+OBSERVED_LOOKBACK_S = 120.0
 MAX_CLIENTS = 64
 """HTTP clients kept (one per Prometheus address, each with its connection pool)."""
 SeriesKey = tuple[str, tuple[str, ...]]  # (model_name, values of the group's label names)
@@ -98,6 +99,9 @@ def group_queries(models: Sequence[str], matchers: dict[str, list[str]], window_
                          *(f"{name}=~{regex_any_of(values)}" for name, values in sorted(matchers.items()))])
     by = ", ".join(["model_name", *sorted(matchers)])
     window, half = promql_duration(window_s), promql_duration(window_s / 2)
+    # any sample in the 2 minutes (at most) before the window's middle will do: every `up` series costs its
+    # samples in this range, so a 1 h window must not read 30 min of all of them each round
+    look = promql_duration(min(window_s / 2, OBSERVED_LOOKBACK_S))
 
     def rate(metric: str) -> str:
         return f"sum by ({by}) (rate({metric}{{{selector}}}[{window}]))"
@@ -122,7 +126,7 @@ def group_queries(models: Sequence[str], matchers: dict[str, list[str]], window_
         "newest_sample": f"max by ({by}) (timestamp(vllm:num_requests_running{{{selector}}}))",
         # has this Prometheus seen the older half of the window? (0: it started or came back since; empty:
         # it has no `up` series at all, as behind some remote-write setups, and then we cannot tell)
-        "observed_window": f"count(count_over_time(up[{half}] offset {half})) or count(up) * 0",
+        "observed_window": f"count(count_over_time(up[{look}] offset {half})) or count(up) * 0",
     }
 
 
