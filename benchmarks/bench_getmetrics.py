@@ -22,6 +22,7 @@ per call kind, errors, each server's CPU (cores) and RSS (first and last third, 
     python benchmarks/bench_getmetrics.py                 # 500 calls/s for 20 s, then the ramp
     python benchmarks/bench_getmetrics.py --duration 5 --step 2 --max-rate 4000
     python benchmarks/bench_getmetrics.py --warmup 660 --soak 600 --json soak.json   # the 10-minute soak
+    python benchmarks/bench_getmetrics.py --fast-forward 120     # memory over 2 simulated hours, in a minute
 """
 
 from __future__ import annotations
@@ -216,10 +217,17 @@ def main(argv: list[str] | None = None) -> int:
     soak_group.add_argument("--churn", type=float, default=0.05, help="share of objects renamed each time")
     soak_group.add_argument("--idle-timeout", type=float, default=120.0, help="the server's --idle-timeout")
     soak_group.add_argument("--json", default=None, metavar="PATH", help="also write the soak's figures here")
+    soak_group.add_argument("--fast-forward", type=float, default=0.0, metavar="MIN",
+                            help="instead, MIN simulated minutes of the evaluator on a hand-moved clock: RSS as "
+                                 "histories fill and renamed objects idle out")
     parser.add_argument("--serve-args", default="", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve:
         return run_server(args.serve_args.split())
+    if args.fast_forward > 0:
+        from getmetrics_soak import fast_forward
+
+        return fast_forward(args)
     if args.soak > 0:
         from getmetrics_soak import soak
 

@@ -242,3 +242,66 @@ def report(args: argparse.Namespace, results: list[dict[str, Any]], samplers: li
             "send_lag_p99_ms": [mine["lag_p99_ms"], peer["lag_p99_ms"]], "verdicts": verdicts,
             "load_average": os.getloadavg()[0]}, indent=1))
     return 0
+
+
+def fast_forward(args: argparse.Namespace) -> int:
+    """Memory over ``--fast-forward`` simulated minutes: the evaluator in this process on a hand-moved clock,
+    ``--objects`` objects asked about every ``--period`` s, ``--churn`` of them renamed every ``--churn-every``
+    s, one evaluation round per 5 s. Minutes of scaled-object life pass in seconds, so the state's whole
+    life cycle (histories filling to the policy's windows, renamed objects idling out) fits one run."""
+    import gc
+
+    import psutil
+    from bench_getmetrics import FakeSource
+
+    from scaler.evaluator import Evaluator
+    from scaler.telemetry import Telemetry
+
+    class Clock:
+        t = 1_000_000.0
+
+        def __call__(self) -> float:
+            return self.t
+
+    clock, interval = Clock(), 5.0
+    evaluator = Evaluator(prometheus_url="http://127.0.0.1:9", source_factory=lambda key: FakeSource(),
+                          telemetry=Telemetry(), clock=clock, idle_timeout_s=args.idle_timeout,
+                          max_objects=args.objects * 3)
+    generation, churned = [0] * args.objects, 0
+    meta = [{**META, "model": f"model-{i:04d}"} for i in range(args.objects)]
+
+    def ask(indices: range) -> None:
+        for i in indices:
+            evaluator.lookup("llm", f"chat-{i:04d}-g{generation[i]}", meta[i])
+
+    ask(range(args.objects))
+    process, rows = psutil.Process(), []
+    per_round = max(1, round(args.objects * interval / args.period))
+    rounds, next_churn = round(args.fast_forward * 60 / interval), args.churn_every
+    for r in range(1, rounds + 1):
+        clock.t += interval
+        if r * interval >= next_churn:
+            size = max(1, round(args.churn * args.objects))
+            for i in range(churned, churned + size):
+                generation[i % args.objects] += 1
+            churned, next_churn = churned + size, next_churn + args.churn_every
+        start = (r * per_round) % args.objects
+        ask(range(start, min(start + per_round, args.objects)))
+        ask(range(0, max(0, start + per_round - args.objects)))
+        evaluator.run_once()
+        if r % round(300 / interval) == 0:
+            gc.collect()
+            rows.append((r * interval / 60, process.memory_info().rss / 2**20, len(evaluator._entries)))
+    evaluator.stop()
+    print(f"\nfast-forward {args.fast_forward:g} simulated minutes: {args.objects} objects asked about every "
+          f"{args.period:g} s, {args.churn:.0%} renamed every {args.churn_every:g} s, idle timeout "
+          f"{args.idle_timeout:g} s, a round per {interval:g} s")
+    print(f"{'minute':>8}{'RSS MiB':>10}{'objects':>9}")
+    for minute, rss, objects in rows:
+        print(f"{minute:>8.0f}{rss:>10.1f}{objects:>9}")
+    half = [rss for minute, rss, _ in rows if minute > args.fast_forward / 2]
+    print(f"RSS over the second half: {min(half):.1f}-{max(half):.1f} MiB (spread {max(half) - min(half):.1f} MiB); "
+          f"{churned} objects renamed in all")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"fast_forward_min": args.fast_forward, "rows": rows}, indent=1))
+    return 0
