@@ -12,8 +12,17 @@ call answered OK, completions keep up with the schedule (>= 97 %), p99 under 100
 share the CPU here, so compare the *ratio* GetMetrics / health Check (same server, same client) more
 than the absolute numbers.
 
+``--soak S`` instead runs KEDA's shape for S seconds (``keda_load``): ``--objects`` (1000) scaled objects
+each polled with GetMetricSpec, GetMetrics and IsActive every ``--period`` (15 s, the HPA sync), a burst
+every ``--burst-every`` s from ``--burst-clients`` (100) channels, and every ``--churn-every`` s a
+``--churn`` share of the objects renamed (the old names must idle out: ``--idle-timeout``). A peer
+server, the same ``leadscale serve``, gets the same schedule of health Checks side by side. Printed: latency
+per call kind, errors, each server's CPU (cores) and RSS (first and last third, slope), and the ratios.
+
     python benchmarks/bench_getmetrics.py                 # 500 calls/s for 20 s, then the ramp
     python benchmarks/bench_getmetrics.py --duration 5 --step 2 --max-rate 4000
+    python benchmarks/bench_getmetrics.py --warmup 660 --soak 600 --json soak.json   # the 10-minute soak
+    python benchmarks/bench_getmetrics.py --fast-forward 120     # memory over 2 simulated hours, in a minute
 """
 
 from __future__ import annotations
@@ -33,6 +42,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 OBJECTS = 100
 META = {"prefillTokensPerSecond": "8000", "decodeTokensPerSecond": "2000", "maxNumSeqs": "256",
@@ -54,25 +64,31 @@ class FakeSource:
         return out
 
 
-def run_server() -> int:
-    """Child process: ``leadscale serve`` with the fake source; prints the gRPC port on stdout."""
+def run_server(extra: Sequence[str] = ()) -> int:
+    """Child process: ``leadscale serve`` with the fake source; prints the gRPC and metrics ports on stdout."""
     import logging
 
-    from scaler import serve_cli, service
+    from scaler import serve_cli, service, telemetry
     from scaler.cli import build_parser
 
     args = serve_cli.resolve(build_parser().parse_args(["serve", "--host", "127.0.0.1", "--port", "0",
                                                         "--metrics-port", "0", "--log-level", "WARNING",
-                                                        "--prometheus-url", "http://127.0.0.1:9"]))
+                                                        "--prometheus-url", "http://127.0.0.1:9", *extra]))
     args.source_factory = lambda key: FakeSource()
-    start = service.start_server
+    start, serve_http = service.start_server, telemetry.serve_http
 
     def announce(*a: Any, **k: Any) -> Any:
         running = start(*a, **k)
         print(f"PORT {running.port}", flush=True)
         return running
 
+    def announce_metrics(*a: Any, **k: Any) -> Any:
+        http = serve_http(*a, **k)
+        print(f"METRICS {http.server_address[1]}", flush=True)
+        return http
+
     service.start_server = announce  # type: ignore[assignment]
+    telemetry.serve_http = announce_metrics  # type: ignore[assignment]
     logging.getLogger("leadscale").setLevel(logging.WARNING)
     return service.serve_forever(args)
 
@@ -186,9 +202,36 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, default=50, help="client channels (TCP connections)")
     parser.add_argument("--step", type=float, default=4.0, help="seconds per rate in the ramp")
     parser.add_argument("--max-rate", type=float, default=16000.0, help="stop the ramp here")
+    soak_group = parser.add_argument_group("soak (--soak S): KEDA's shape, side by side with a peer")
+    soak_group.add_argument("--soak", type=float, default=0.0, metavar="S", help="run the soak for S seconds")
+    soak_group.add_argument("--warmup", type=float, default=0.0, metavar="S",
+                            help="first run the same load S seconds unmeasured (the policy's history windows fill: "
+                                 "trendWindowSeconds, 600 by default)")
+    soak_group.add_argument("--objects", type=int, default=1000, help="scaled objects")
+    soak_group.add_argument("--period", type=float, default=15.0, help="seconds between polls of one object")
+    soak_group.add_argument("--steady-clients", type=int, default=4, help="channels of the steady polling")
+    soak_group.add_argument("--burst-every", type=float, default=60.0, help="seconds between bursts")
+    soak_group.add_argument("--burst-clients", type=int, default=100, help="channels in a burst")
+    soak_group.add_argument("--burst-calls", type=int, default=10, help="GetMetrics per channel in a burst")
+    soak_group.add_argument("--churn-every", type=float, default=60.0, help="seconds between renames")
+    soak_group.add_argument("--churn", type=float, default=0.05, help="share of objects renamed each time")
+    soak_group.add_argument("--idle-timeout", type=float, default=120.0, help="the server's --idle-timeout")
+    soak_group.add_argument("--json", default=None, metavar="PATH", help="also write the soak's figures here")
+    soak_group.add_argument("--fast-forward", type=float, default=0.0, metavar="MIN",
+                            help="instead, MIN simulated minutes of the evaluator on a hand-moved clock: RSS as "
+                                 "histories fill and renamed objects idle out")
+    parser.add_argument("--serve-args", default="", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve:
-        return run_server()
+        return run_server(args.serve_args.split())
+    if args.fast_forward > 0:
+        from getmetrics_soak import fast_forward
+
+        return fast_forward(args)
+    if args.soak > 0:
+        from getmetrics_soak import soak
+
+        return soak(args)
 
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc

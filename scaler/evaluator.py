@@ -62,13 +62,18 @@ def _describe(key: SourceKey) -> str:
     return "the pods the Kubernetes observer found (" + "/".join(where) + ")"
 
 
-def default_source_factory(key: SourceKey) -> SignalSource:
-    """Build the real source for a key (imported here: they pull in HTTP clients)."""
+class TooManyObjects(Exception):
+    """``max_objects`` are already evaluated; the service answers RESOURCE_EXHAUSTED (KEDA's fallback applies)."""
+
+
+def default_source_factory(key: SourceKey, prometheus_auth: Any = None) -> SignalSource:
+    """Build the real source for a key (imported here: they pull in HTTP clients); ``prometheus_auth`` is
+    a ``PrometheusAuth`` for the server's ``--prometheus-url``."""
     kind, where = key
     if kind == "prometheus":
         from scaler.sources.prometheus import PrometheusSource
 
-        return PrometheusSource(str(where))
+        return PrometheusSource(str(where), auth=prometheus_auth)
     from scaler.sources.scrape import ScrapeSource
 
     return ScrapeSource(list(where))
@@ -115,14 +120,19 @@ class Evaluator:
                  first_call_timeout_s: float = 2.0,
                  source_factory: Callable[[SourceKey], SignalSource] = default_source_factory,
                  kube: KubeObserver | None = None, telemetry: Telemetry | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, max_objects: int = 10_000) -> None:
         from scaler import policy
 
         for label, value in (("interval_s", interval_s), ("staleness_limit_s", staleness_limit_s),
                              ("idle_timeout_s", idle_timeout_s), ("first_call_timeout_s", first_call_timeout_s)):
             if not (isinstance(value, (int, float)) and 0 < value < float("inf")):
                 raise ValueError(f"Evaluator {label}={value!r}: must be a finite number of seconds > 0")
+        if not (isinstance(max_objects, int) and max_objects >= 1):
+            raise ValueError(f"Evaluator max_objects={max_objects!r}: must be an integer >= 1")
         self._policy = policy
+        self.max_objects = max_objects
+        """Every object costs memory and a share of each round until it idles out: a client inventing names
+        (or a trigger's metadata changing in a loop) must not grow them without bound."""
         self.prometheus_url = prometheus_url.rstrip("/") if prometheus_url else None
         self.scrape_targets = tuple(scrape_targets)
         self.interval_s, self.staleness_limit_s = interval_s, staleness_limit_s
@@ -179,6 +189,10 @@ class Evaluator:
             if entry is not None:
                 entry.last_asked = now
                 return entry
+            if len(self._entries) >= self.max_objects:
+                raise TooManyObjects(f"{namespace}/{name}: this scaler already evaluates {len(self._entries)} scaled "
+                                     f"objects (--max-objects {self.max_objects}); objects not asked about for "
+                                     f"{self.idle_timeout_s:g} s are dropped")
             entry = _Entry(namespace, name, config, config.target(namespace), self._source_key(config, namespace, name),
                            now, config.route_target(namespace))
             self._entries[key] = entry
@@ -274,8 +288,11 @@ class Evaluator:
             for key in [k for k in self._sources if k not in used]:  # a gone object's scrape history, say
                 del self._sources[key]
             self.telemetry.objects.set(len(self._entries))
+            alive = {(e.namespace, e.name) for e in self._entries.values()}
         for entry in dropped:
             LOG.info("dropping idle scaled object %s/%s", entry.namespace, entry.name)
+            if (entry.namespace, entry.name) not in alive:  # its error series go too: names churn, labels must not
+                self.telemetry.forget_object(entry.namespace, entry.name)
         self._evaluate_round(entries)
         self.telemetry.evaluation_seconds.observe(time.perf_counter() - started)
 
@@ -307,6 +324,9 @@ class Evaluator:
                 self._fail(entry, f"evaluation failed: {type(exc).__name__}: {exc}", "internal")
             finally:
                 entry.evaluated.set()
+            # a round is pure Python (~80 us per object): without a yield it holds the GIL for a switch
+            # interval at a time, and every RPC arriving meanwhile waits (p99 15 ms over 1000 objects)
+            time.sleep(0)
 
     def _route_view(self, entry: _Entry, own: Signals | SourceError, route: Signals | SourceError | None,
                     now: float) -> Signals | SourceError | tuple[Signals, Signals]:

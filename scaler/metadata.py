@@ -45,7 +45,14 @@ CORE_KEYS = (
 # KEDA's own external-scaler keys: KEDA forwards the whole trigger metadata, these included
 KEDA_KEYS = ("scalerAddress", "enableTLS", "unsafeSsl", "caCert", "tlsCertFile", "tlsClientCert", "tlsClientKey")
 FROM_ENV = "FromEnv"
+VALUE_LIMITS = {"activationQuery": 16384, "labelSelector": 4096, "scrapeTargets": 65536}
+"""Keys whose values may be longer than ``metadata_values.MAX_VALUE_CHARS`` (a query, lists)."""
+MAX_MESSAGE_CHARS = 4000
+"""An error lists problems up to this length, then counts the rest: KEDA receives it as gRPC trailing metadata."""
 _CACHE_SIZE = 1024
+_CACHE_MAX_CHARS = 1 << 16
+"""Maps larger than this (only hostile ones are) are parsed every time rather than kept: 1024 of them could
+otherwise hold a gigabyte."""
 # PolicyConfig field -> the metadata key that sets it (to translate the policy's own errors)
 CORE_POLICY_FIELDS = {
     "ttft_slo_s": "ttftSeconds", "target_utilization": "targetUtilization", "lead_time_s": "leadTime",
@@ -77,7 +84,17 @@ class MetadataError(ValueError):
 
     def __init__(self, problems: list[Problem]) -> None:
         self.problems = list(problems)
-        super().__init__("invalid trigger metadata: " + "; ".join(str(p) for p in self.problems))
+        shown: list[str] = []
+        length = 0
+        for problem in self.problems:
+            text = str(problem)
+            if shown and length + len(text) > MAX_MESSAGE_CHARS:
+                break
+            shown.append(text)
+            length += len(text) + 2
+        rest = len(self.problems) - len(shown)
+        more = f"; and {rest} more problem{'s' if rest > 1 else ''}" if rest else ""
+        super().__init__("invalid trigger metadata: " + "; ".join(shown) + more)
 
 
 @dataclass(frozen=True)
@@ -299,8 +316,7 @@ def _parse(given: Mapping[str, str]) -> ScalerConfig:
     tunable_specs = policy_tunables()
     problems: list[Problem] = []
     raw = _resolve_keys(given, known_keys(), problems)
-    reader = Reader(raw)
-    reader.problems.extend(problems)
+    reader = Reader(raw, VALUE_LIMITS)
     model = reader.text("model", required=True)
     prometheus_address = reader.url("prometheusAddress")
     ttft = reader.number("ttftSeconds", 2.0, low=0.0, low_open=True, high=3600.0)
@@ -326,6 +342,7 @@ def _parse(given: Mapping[str, str]) -> ScalerConfig:
         value = reader.number(key, None, kind="integer" if kind is int else "number")
         if value is not None:
             tunables.append((field_name, value))
+    reader.problems.extend(problems)  # unknown keys last: a hundred of them must not hide a bad known one
     if reader.problems or capacity is None or model is None:
         raise MetadataError(reader.problems or [Problem("profile", None, "a replica capacity")])
     keys = capacity if isinstance(capacity, CapacityKeys) else None
@@ -374,10 +391,11 @@ def parse_metadata(raw: Mapping[str, str]) -> ScalerConfig:
             hit = _parse(raw)
         except MetadataError as exc:
             hit = exc.problems
-        with _cache_lock:
-            if len(_cache) >= _CACHE_SIZE:
-                _cache.clear()
-            _cache[key] = hit
+        if sum(len(k) + len(v) for k, v in raw.items()) <= _CACHE_MAX_CHARS:
+            with _cache_lock:
+                if len(_cache) >= _CACHE_SIZE:
+                    _cache.clear()
+                _cache[key] = hit
     if isinstance(hit, list):
         raise MetadataError(hit)
     return hit

@@ -14,10 +14,24 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+_PLAIN_KEY = re.compile(r"[A-Za-z0-9_.\-]+")
 LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 _KINDS = {"number": "a number", "integer": "an integer", "duration": "seconds (a plain number, or with unit ms/s/m/h)"}
 _DURATION = re.compile(r"([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*(ms|s|m|h)?")
+MAX_VALUE_CHARS = 1024
+"""Longest value a key takes unless ``Reader(limits=...)`` says otherwise: no model name or label is longer,
+and a megabyte would go into every PromQL of the group it joins."""
+SHOWN_CHARS = 160
+"""A problem quotes at most this much of a key or value: the whole message must fit gRPC's 8 KiB
+trailing metadata (a longer one reaches KEDA as RESOURCE_EXHAUSTED instead of our error)."""
+
+
+def shorten(text: str | None, limit: int = SHOWN_CHARS) -> str | None:
+    """``text`` itself, or its start and its length when longer than ``limit``."""
+    if text is None or len(text) <= limit:
+        return text
+    return f"{text[:limit]}…[{len(text)} characters]"
 
 
 @dataclass(frozen=True)
@@ -28,16 +42,23 @@ class Problem:
     value: str | None
     allowed: str
 
+    def __post_init__(self) -> None:  # a 1 MB key or value is kept, and quoted, as its start and its length
+        object.__setattr__(self, "key", shorten(self.key))
+        object.__setattr__(self, "value", shorten(self.value))
+
     def __str__(self) -> str:
         given = "missing" if self.value is None else f"got {self.value!r}"
-        return f"{self.key}: {given}; allowed: {self.allowed}"
+        key = self.key if _PLAIN_KEY.fullmatch(self.key) else repr(self.key)  # an empty or odd key stays visible
+        return f"{key}: {given}; allowed: {self.allowed}"
 
 
 class Reader:
     """Typed reads of one metadata map (strings only) that record problems instead of raising."""
 
-    def __init__(self, raw: Mapping[str, str]) -> None:
+    def __init__(self, raw: Mapping[str, str], limits: Mapping[str, int] | None = None) -> None:
         self.raw = raw
+        self.limits = dict(limits or {})
+        """Longest value per key, where it differs from ``MAX_VALUE_CHARS``."""
         self.problems: list[Problem] = []
 
     def problem(self, key: str, value: str | None, allowed: str) -> None:
@@ -49,6 +70,10 @@ class Reader:
         if value is None or not value.strip():
             if required or value:
                 self.problem(key, value, "a non-empty string")
+            return None
+        limit = self.limits.get(key, MAX_VALUE_CHARS)
+        if len(value) > limit:
+            self.problem(key, value, f"a string of at most {limit} characters")
             return None
         return value.strip()
 

@@ -40,14 +40,17 @@ def _port(text: str) -> int:
     return value
 
 
-def _workers(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: must be an integer >= 4") from None
-    if value < 4:
-        raise argparse.ArgumentTypeError(f"{text!r}: must be an integer >= 4")
-    return value
+def _integer_at_least(low: int) -> Callable[[str], int]:
+    def convert(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r}: must be an integer >= {low}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{text!r}: must be an integer >= {low}")
+        return value
+
+    return convert
 
 
 def _bool(text: str) -> bool:
@@ -74,7 +77,13 @@ FLAGS: tuple[tuple[str, Callable[[str], Any], Any, str], ...] = (
     ("--host", str, "0.0.0.0", "address the gRPC and metrics servers listen on"),
     ("--port", _port, 9090, "gRPC port KEDA connects to (scalerAddress)"),
     ("--metrics-port", _port, 9091, "port of the scaler's own /metrics and /decisions; 0 picks a free one"),
+    ("--metrics-host", str, None, "address /metrics and /decisions listen on (default: --host)"),
     ("--prometheus-url", str, None, "default Prometheus for triggers without prometheusAddress"),
+    ("--prometheus-auth-modes", str, None,
+     "how to reach --prometheus-url, as KEDA's Prometheus trigger's authModes: bearer, basic, tls (comma-separated)"),
+    ("--prometheus-auth-dir", str, None,
+     "directory of files named after KEDA's Prometheus TriggerAuthentication parameters: bearerToken, username, "
+     "password, ca, cert, key (a mounted Secret); sent only to --prometheus-url"),
     ("--scrape-targets", str, None, "comma-separated pod /metrics URLs: direct-scrape mode instead of Prometheus"),
     ("--interval", _positive_float, 5.0, "seconds between evaluations of each scaled object"),
     ("--staleness-limit", _positive_float, 60.0,
@@ -84,7 +93,9 @@ FLAGS: tuple[tuple[str, Callable[[str], Any], Any, str], ...] = (
      "read ready/starting pods, measured lead time and min/max from the API server (in-cluster or kubeconfig)"),
     ("--deletion-cost", _bool, False,
      "with --kubernetes: before a scale-down, mark the least busy pods for deletion (pod-deletion-cost)"),
-    ("--max-workers", _workers, 256, "gRPC worker threads (each open StreamIsActive holds one)"),
+    ("--max-workers", _integer_at_least(4), 256, "gRPC worker threads (each open StreamIsActive holds one)"),
+    ("--max-objects", _integer_at_least(1), 10_000,
+     "most scaled objects evaluated at once; a new one past it is RESOURCE_EXHAUSTED until others idle out"),
     ("--tls-cert", str, None, "server certificate (PEM); enables TLS"),
     ("--tls-key", str, None, "server private key (PEM)"),
     ("--tls-client-ca", str, None, "CA bundle (PEM) that client certificates must chain to; enables mTLS"),
@@ -132,6 +143,11 @@ def resolve(args: argparse.Namespace) -> argparse.Namespace:
         problems.append("--deletion-cost needs --kubernetes")
     if values["tls_client_ca"] and not values["tls_cert"]:
         problems.append("--tls-client-ca (mTLS) needs --tls-cert and --tls-key")
+    if (values["prometheus_auth_modes"] or values["prometheus_auth_dir"]) and not values["prometheus_url"]:
+        problems.append("--prometheus-auth-modes/--prometheus-auth-dir need --prometheus-url "
+                        "(credentials go only there)")
+    if values["metrics_host"] is None:
+        values["metrics_host"] = values["host"]
     if problems:
         raise SystemExit("leadscale serve: " + "; ".join(problems))
     return argparse.Namespace(**{**vars(args), **values})

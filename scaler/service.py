@@ -29,13 +29,16 @@ from grpc_reflection.v1alpha import reflection
 
 from scaler._proto import externalscaler_pb2 as pb
 from scaler._proto import externalscaler_pb2_grpc as pb_grpc
-from scaler.evaluator import Evaluator, Unavailable, default_source_factory
+from scaler.evaluator import Evaluator, TooManyObjects, Unavailable, default_source_factory
 from scaler.metadata import MetadataError, Problem
+from scaler.metadata_values import shorten
+from scaler.sources.prometheus_auth import PrometheusAuth
 from scaler.telemetry import Telemetry
 
 LOG = logging.getLogger("leadscale.service")
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["ExternalScaler"].full_name
 T = TypeVar("T")
+MAX_DETAILS_CHARS = 4096
 
 
 class ExternalScalerServicer(pb_grpc.ExternalScalerServicer):
@@ -55,12 +58,16 @@ class ExternalScalerServicer(pb_grpc.ExternalScalerServicer):
             code, message = grpc.StatusCode.INVALID_ARGUMENT, str(exc)
         except Unavailable as exc:
             code, message = grpc.StatusCode.UNAVAILABLE, str(exc)
+        except TooManyObjects as exc:
+            code, message = grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc)
         except Exception as exc:
             LOG.exception("%s failed", method)
             code, message = grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}"
         finally:
             self.telemetry.observe_rpc(method, time.perf_counter() - started, code.name if code else None)
-        context.abort(code, message)
+        # details travel as trailing metadata, which clients refuse past 8-16 KiB (they would see
+        # RESOURCE_EXHAUSTED instead of our reason)
+        context.abort(code, shorten(message, MAX_DETAILS_CHARS))
         raise AssertionError("unreachable: context.abort raises")
 
     def _object(self, ref: pb.ScaledObjectRef) -> tuple[str, str, dict[str, str]]:
@@ -203,20 +210,35 @@ def serve_forever(args: Any) -> int:
             LOG.error("--kubernetes: cannot reach the Kubernetes API: %s: %s", type(exc).__name__, exc)
             return 1
     scrape = tuple(u.strip() for u in (args.scrape_targets or "").split(",") if u.strip())
+    try:
+        auth = PrometheusAuth.from_flags(getattr(args, "prometheus_auth_modes", None),
+                                         getattr(args, "prometheus_auth_dir", None))
+    except ValueError as exc:
+        LOG.error("cannot start: %s", exc)
+        return 1
+    own = ("prometheus", (args.prometheus_url or "").rstrip("/"))
     evaluator = Evaluator(prometheus_url=args.prometheus_url, scrape_targets=scrape, interval_s=args.interval,
                           staleness_limit_s=args.staleness_limit, idle_timeout_s=args.idle_timeout,
-                          telemetry=telemetry, kube=kube,
-                          source_factory=getattr(args, "source_factory", None) or default_source_factory)
+                          telemetry=telemetry, kube=kube, max_objects=args.max_objects,
+                          source_factory=getattr(args, "source_factory", None) or (
+                              lambda key: default_source_factory(key, auth if key == own else None)))
     tls = TlsFiles(args.tls_cert, args.tls_key, args.tls_client_ca) if args.tls_cert else None
     try:
         running = start_server(evaluator, telemetry, args.host, args.port, args.max_workers, tls)
     except (OSError, ValueError, RuntimeError) as exc:
         LOG.error("cannot start the gRPC server: %s", exc)
         return 1
-    http = serve_http(telemetry, evaluator.snapshot, args.host, args.metrics_port)
+    metrics_host = getattr(args, "metrics_host", None) or args.host
+    try:
+        http = serve_http(telemetry, evaluator.snapshot, metrics_host, args.metrics_port)
+    except OSError as exc:
+        LOG.error("cannot start the metrics server on %s:%d: %s", metrics_host, args.metrics_port, exc)
+        running.stop(0)
+        return 1
     evaluator.start()
     LOG.info("serving ExternalScaler on %s:%d (%s), metrics on %s:%d", args.host, running.port,
-             "mTLS" if tls and tls.client_ca else "TLS" if tls else "plaintext", args.host, http.server_address[1])
+             "mTLS" if tls and tls.client_ca else "TLS" if tls else "plaintext", metrics_host,
+             http.server_address[1])
     done = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())

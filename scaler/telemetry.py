@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import socket
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -79,6 +80,8 @@ class Telemetry:
                                             registry=self.registry)
         self._watching = False
         self._rpc_children: dict[str, Any] = {}
+        self._failure_reasons: dict[tuple[str, str], set[str]] = {}
+        self._failure_lock = threading.Lock()
 
     def watch(self, snapshot: Callable[[], list[dict[str, Any]]]) -> None:
         """Export the decisions ``snapshot()`` lists (called at scrape time); once per Telemetry."""
@@ -98,7 +101,15 @@ class Telemetry:
 
     def record_failure(self, namespace: str, name: str, reason: str) -> None:
         """Count an evaluation without usable data (``reason`` is a short class, not free text)."""
-        self.evaluation_errors.labels(namespace, name, reason).inc()
+        with self._failure_lock:
+            self._failure_reasons.setdefault((namespace, name), set()).add(reason)
+            self.evaluation_errors.labels(namespace, name, reason).inc()
+
+    def forget_object(self, namespace: str, name: str) -> None:
+        """Drop a gone object's error series (the evaluator calls it when the object idles out)."""
+        with self._failure_lock:
+            for reason in self._failure_reasons.pop((namespace, name), ()):
+                self.evaluation_errors.remove(namespace, name, reason)
 
     def observe_rpc(self, method: str, seconds: float, code: str | None) -> None:
         """Record one RPC; ``code`` is the gRPC status name when it failed."""
@@ -149,7 +160,13 @@ def serve_http(telemetry: Telemetry, decisions: Callable[[], list[dict[str, Any]
         def log_message(self, format: str, *args: Any) -> None:  # quiet: scrapes every few seconds
             return
 
-    server = ThreadingHTTPServer((host, port), Handler)
+    server_class = ThreadingHTTPServer
+    if ":" in host:  # an IPv6 address such as "::"
+        class V6(ThreadingHTTPServer):
+            address_family = socket.AF_INET6
+
+        server_class = V6
+    server = server_class((host.strip("[]"), port), Handler)
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, name="leadscale-metrics-http", daemon=True).start()
     return server

@@ -55,6 +55,25 @@ def _positive(text: str) -> float:
     return value
 
 
+def add_bad_rows_argument(parser: Any) -> None:
+    """``--bad-rows``: what a malformed trace row does (every command that reads ``--trace``)."""
+    parser.add_argument("--bad-rows", choices=("fail", "skip"), default="fail",
+                        help="a malformed trace row stops the command naming file, line and column (fail, the "
+                             "default), or is left out and counted on stderr (skip)")
+
+
+def load_trace_flags(args: argparse.Namespace, fmt: str | None, prog: str) -> Any:
+    """The workload ``--trace``/``--bad-rows`` name; reports skipped malformed rows on stderr."""
+    from simulator.readers import malformed_note
+    from simulator.synthetic import load_workload
+
+    w = load_workload(args.trace, fmt, seed=args.seed, bad_rows=getattr(args, "bad_rows", "fail"))
+    note = malformed_note(w)
+    if note:
+        print(f"{prog}: {note}", file=sys.stderr)
+    return w
+
+
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     """The workload, profile, SLO and seed flags shared by simulate, compare, tune and replay."""
     g = parser.add_argument_group("workload, model and SLO")
@@ -62,6 +81,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                    help="trace file or builtin:NAME[?k=v&...] (default builtin:default)")
     g.add_argument("--format", default=None, help="trace format (default: detected): azure, mooncake, burstgpt, "
                    "generic, lengths")
+    add_bad_rows_argument(g)
     g.add_argument("--window", type=_window, default=None, metavar="START:END",
                    help="keep arrivals in [START, END) seconds from the first one")
     g.add_argument("--duration", type=_positive, default=None, metavar="S", help="keep the first S seconds")
@@ -82,10 +102,9 @@ def build_run_inputs(args: argparse.Namespace) -> RunInputs:
 
     from simulator import workload as wl
     from simulator.profiles import get_profile
-    from simulator.synthetic import load_workload
 
     profile = get_profile(args.profile)
-    w = load_workload(args.trace, args.format, seed=args.seed)
+    w = load_trace_flags(args, args.format, "leadscale")
     if args.window is not None:
         w = wl.select_window(w, args.window[0], args.window[1])
     if args.duration is not None:

@@ -62,6 +62,19 @@ def read_first_line(stream: BinaryIO, path: str | Path, limit: int = 1 << 20) ->
 _ZEROS = bytes(PAD)
 
 
+@dataclass
+class BadRows:
+    """Malformed rows a reader skipped (``bad_rows="skip"``): how many, and the first one's error."""
+
+    count: int = 0
+    first: TraceFormatError | None = None
+
+    def add(self, error: TraceFormatError, n: int = 1) -> None:
+        self.count += n
+        if self.first is None or (error.line or 0) < (self.first.line or 0):
+            self.first = error
+
+
 @dataclass(frozen=True)
 class Chunk:
     """Whole lines of a file as one uint8 array plus PAD zero bytes; ``first_line`` numbers its first line."""
@@ -116,8 +129,11 @@ class Rows:
         return raw.decode("utf-8", errors="replace")
 
 
-def split_rows(chunk: Chunk, ncols: int, path: str | Path, header: list[str]) -> Rows:
-    """Cut a chunk into rows of exactly ``ncols`` fields, trimmed of spaces and surrounding quotes."""
+def split_rows(chunk: Chunk, ncols: int, path: str | Path, header: list[str], skip: BadRows | None = None) -> Rows:
+    """Cut a chunk into rows of exactly ``ncols`` fields, trimmed of spaces and surrounding quotes.
+
+    A row with another field count raises, or with ``skip`` is left out and counted there.
+    """
     buf = chunk.buf
     delims = np.flatnonzero((buf == COMMA) | (buf == NL))
     grid = _regular_grid(buf, delims, ncols)
@@ -126,7 +142,7 @@ def split_rows(chunk: Chunk, ncols: int, path: str | Path, header: list[str]) ->
         row_end, inner = grid[:, -1].copy(), grid[:, :-1]
         lines = chunk.first_line + np.arange(row_end.size, dtype=np.int64)
     else:
-        row_start, row_end, lines, inner = _irregular_rows(chunk, ncols, path, header)
+        row_start, row_end, lines, inner = _irregular_rows(chunk, ncols, path, header, skip)
     has_cr = (row_end > row_start) & (buf[np.maximum(row_end - 1, 0)] == CR)
     row_end[has_cr] -= 1
     starts = np.concatenate((row_start[:, None], inner + 1), axis=1)
@@ -149,9 +165,10 @@ def _regular_grid(buf: np.ndarray, delims: np.ndarray, ncols: int) -> np.ndarray
     return grid
 
 
-def _irregular_rows(chunk: Chunk, ncols: int, path: str | Path,
-                    header: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Row bounds, line numbers and inner comma offsets, skipping blank lines; a wrong field count raises."""
+def _irregular_rows(chunk: Chunk, ncols: int, path: str | Path, header: list[str],
+                    skip: BadRows | None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Row bounds, line numbers and inner comma offsets, skipping blank lines; a wrong field count raises
+    (or, with ``skip``, the row is left out and counted)."""
     buf = chunk.buf
     nl = np.flatnonzero(buf == NL)
     row_start = np.concatenate(([0], nl[:-1] + 1))
@@ -168,9 +185,14 @@ def _irregular_rows(chunk: Chunk, ncols: int, path: str | Path,
     if wrong.size:
         i = int(wrong[0])
         text = buf[row_start[i] : row_end[i]].tobytes().decode("utf-8", errors="replace").rstrip("\r")
-        raise TraceFormatError(path, int(lines[i]), None, text[:120],
-                               f"{ncols} comma-separated fields like the header {','.join(header)!r}"
-                               " (quoted commas are not supported)")
+        error = TraceFormatError(path, int(lines[i]), None, text[:120],
+                                 f"{ncols} comma-separated fields like the header {','.join(header)!r}"
+                                 " (quoted commas are not supported)")
+        if skip is None:
+            raise error
+        skip.add(error, int(wrong.size))
+        keep = count == ncols - 1
+        row_start, row_end, lines, first = row_start[keep], row_end[keep], lines[keep], first[keep]
     inner = commas[first[:, None] + np.arange(ncols - 1)] if ncols > 1 else np.empty((row_start.size, 0), np.int64)
     return row_start, row_end, lines, inner
 

@@ -17,7 +17,8 @@ scanner (``csvscan``) that names the bad line; both give the same result. Moonca
 (thousands of lines) and use ``json`` per line. In every format, rows whose prompt or output length
 is 0 are skipped and counted, arrivals are sorted and shifted to 0, and the original start is kept in
 ``Workload.origin_s``. Malformed input raises :class:`TraceFormatError` (file, line, column, value,
-what was expected) and nothing else.
+what was expected) and nothing else; with ``bad_rows="skip"`` malformed rows are left out instead and
+counted in ``Workload.malformed_rows`` (the first one's error in ``meta["first_malformed"]``).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from typing import BinaryIO
 import numpy as np
 
 from simulator.csvscan import (
+    BadRows,
     Chunk,
     TraceFormatError,
     decode_header,
@@ -44,9 +46,11 @@ from simulator.csvscan import (
 from simulator.numparse import parse_decimal, parse_timestamp_ns, parse_uint, timestamp_ns_matrix
 from simulator.workload import Workload, from_unsorted, take_ragged
 
-__all__ = ["FORMATS", "TraceFormatError", "detect_format", "load_lengths", "load_trace"]
+__all__ = ["BAD_ROWS", "FORMATS", "TraceFormatError", "detect_format", "load_lengths", "load_trace", "malformed_note"]
 
 FORMATS: tuple[str, ...] = ("azure", "mooncake", "burstgpt", "generic", "lengths")
+BAD_ROWS: tuple[str, ...] = ("fail", "skip")
+"""What a malformed row does: stop the read with its error, or be left out and counted (``malformed_rows``)."""
 INPUT_ALIASES = ("input_tokens", "num_prefill_tokens", "prompt_tokens", "input_length", "contexttokens",
                  "request tokens", "prompt_len", "input_len")
 OUTPUT_ALIASES = ("output_tokens", "num_decode_tokens", "completion_tokens", "output_length", "generatedtokens",
@@ -114,25 +118,46 @@ def _open(path: str | Path) -> BinaryIO:
 
 
 def load_trace(path: str | Path, fmt: str | None = None, name: str | None = None,
-               chunk_bytes: int = 1 << 24) -> Workload:
-    """Read a trace file into a Workload; ``fmt`` is one of FORMATS, or None to detect it."""
+               chunk_bytes: int = 1 << 24, bad_rows: str = "fail") -> Workload:
+    """Read a trace file into a Workload; ``fmt`` is one of FORMATS, or None to detect it.
+
+    ``bad_rows="fail"`` (default): the first malformed row raises its ``TraceFormatError``. ``"skip"``:
+    malformed rows are left out, counted in ``Workload.malformed_rows``, and the first one's error is kept
+    in ``meta["first_malformed"]``. A bad header, an unreadable file or no usable row always raise.
+    """
     if fmt is not None and fmt not in FORMATS:
         raise ValueError(f"trace format {fmt!r} is unknown; allowed: {', '.join(FORMATS)} (or none to detect)")
+    if bad_rows not in BAD_ROWS:
+        raise ValueError(f"bad_rows={bad_rows!r} is unknown; allowed: {', '.join(BAD_ROWS)}")
+    skip = BadRows() if bad_rows == "skip" else None
     with _open(path) as stream:
         first = read_first_line(stream, path)
         found = fmt or _detect(first, path)
         if found == "mooncake":
-            w = _read_mooncake(path, stream, first)
+            w = _read_mooncake(path, stream, first, skip)
         else:
-            w = _read_csv(path, stream, first, found, chunk_bytes)
+            w = _read_csv(path, stream, first, found, chunk_bytes, skip)
+    meta = {"format": found, "path": str(path)}
+    if skip is not None and skip.first is not None:
+        meta["first_malformed"] = str(skip.first)
     return Workload(w.arrival_s, w.input_tokens, w.output_tokens, name=name or Path(path).name,
                     block_ids=w.block_ids, block_offsets=w.block_offsets, skipped_rows=w.skipped_rows,
-                    origin_s=w.origin_s, block_tokens=w.block_tokens, meta={"format": found, "path": str(path)})
+                    malformed_rows=skip.count if skip else 0, origin_s=w.origin_s, block_tokens=w.block_tokens,
+                    meta=meta)
 
 
-def load_lengths(path: str | Path, fmt: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+def malformed_note(workload: Workload) -> str | None:
+    """One line for a command's stderr when rows were skipped as malformed; None when none were."""
+    if not workload.malformed_rows:
+        return None
+    where = workload.meta.get("path", workload.name)
+    return (f"{where}: skipped {workload.malformed_rows} malformed row{'s' if workload.malformed_rows > 1 else ''} "
+            f"(--bad-rows skip); the first: {workload.meta.get('first_malformed', '?')}")
+
+
+def load_lengths(path: str | Path, fmt: str | None = None, bad_rows: str = "fail") -> tuple[np.ndarray, np.ndarray]:
     """(input_tokens, output_tokens) of every usable request in a trace of any format, for resampling."""
-    w = load_trace(path, fmt)
+    w = load_trace(path, fmt, bad_rows=bad_rows)
     return w.input_tokens, w.output_tokens
 
 
@@ -145,7 +170,8 @@ def _column(names: list[str], accepted: tuple[str, ...], fmt: str, path: str | P
                            f"a {fmt} header with a column named one of {', '.join(accepted)}")
 
 
-def _read_csv(path: str | Path, stream: BinaryIO, first: bytes, fmt: str, chunk_bytes: int) -> Workload:
+def _read_csv(path: str | Path, stream: BinaryIO, first: bytes, fmt: str, chunk_bytes: int,
+              skip: BadRows | None) -> Workload:
     layout = LAYOUTS[fmt]
     names = decode_header(first, path)
     cols = [_column(names, layout.input, fmt, path, first), _column(names, layout.output, fmt, path, first)]
@@ -154,7 +180,8 @@ def _read_csv(path: str | Path, stream: BinaryIO, first: bytes, fmt: str, chunk_
     columns: list[list[np.ndarray]] = [[] for _ in cols]
     for chunk in iter_chunks(stream, path, first_line=2, chunk_bytes=chunk_bytes):
         parsed = _fast_chunk(chunk, names, cols, layout)
-        for store, values in zip(columns, parsed or _careful_chunk(chunk, names, cols, layout, path), strict=True):
+        for store, values in zip(columns, parsed or _careful_chunk(chunk, names, cols, layout, path, skip),
+                                 strict=True):
             store.append(values)
     inp, out = (_concat(columns[k], np.int64) for k in (0, 1))
     if not layout.time:
@@ -206,10 +233,14 @@ def _nul_terminated_lengths(mat: np.ndarray) -> np.ndarray:
 
 
 def _careful_chunk(chunk: Chunk, names: list[str], cols: list[int], layout: CsvLayout,
-                   path: str | Path) -> list[np.ndarray]:
-    """Field by field with numpy: the first bad field raises, naming its line and column."""
-    rows = split_rows(chunk, len(names), path, names)
+                   path: str | Path, skip: BadRows | None) -> list[np.ndarray]:
+    """Field by field with numpy: the first bad field raises, naming its line and column (with ``skip``:
+    every row with a bad field is left out and counted, the first error kept)."""
+    found = skip if skip is not None else BadRows()  # rows with a wrong field count, to compare lines below
+    rows = split_rows(chunk, len(names), path, names, found)
     out = []
+    row_bad = np.zeros(len(rows), bool)
+    first_error: tuple[int, TraceFormatError] | None = None
     for k, col in enumerate(cols):
         starts, ends = rows.starts[:, col], rows.ends[:, col]
         if k < 2:
@@ -224,9 +255,15 @@ def _careful_chunk(chunk: Chunk, names: list[str], cols: list[int], layout: CsvL
             what = "a finite number of seconds"
         if bad.any():
             line, text = first_bad(rows, bad, col)
-            raise TraceFormatError(path, line, names[col], text, what)
+            if first_error is None or line < first_error[0]:
+                first_error = (line, TraceFormatError(path, line, names[col], text, what))
+            row_bad |= bad
         out.append(values)
-    return out
+    if first_error is not None:
+        found.add(first_error[1], int(np.count_nonzero(row_bad)))
+    if skip is None and found.first is not None:
+        raise found.first  # the earliest malformed line of the chunk, whatever was wrong with it
+    return [values[~row_bad] for values in out] if row_bad.any() else out
 
 
 def _finish(path: str | Path, arrival: np.ndarray, inp: np.ndarray, out: np.ndarray, origin: float,
@@ -245,7 +282,7 @@ def _finish(path: str | Path, arrival: np.ndarray, inp: np.ndarray, out: np.ndar
                          skipped_rows=skipped, origin_s=origin)
 
 
-def _read_mooncake(path: str | Path, stream: BinaryIO, first: bytes) -> Workload:
+def _read_mooncake(path: str | Path, stream: BinaryIO, first: bytes, skip: BadRows | None) -> Workload:
     stamps: list[float] = []
     ins: list[int] = []
     outs: list[int] = []
@@ -256,16 +293,24 @@ def _read_mooncake(path: str | Path, stream: BinaryIO, first: bytes) -> Workload
     while raw is not None:
         text = raw.strip()
         if text:
-            rec = _json_object(path, line_no, text)
-            stamps.append(_number(path, line_no, rec, "timestamp", "a finite number of milliseconds"))
-            ins.append(_count(path, line_no, rec, "input_length"))
-            outs.append(_count(path, line_no, rec, "output_length"))
-            block_list = rec.get("hash_ids", [])
-            if not isinstance(block_list, list) or not all(_is_int(b) and 0 <= b < 1 << 63 for b in block_list):
-                raise TraceFormatError(path, line_no, "hash_ids", str(block_list)[:80],
-                                       "a list of block ids (integers in 0..2**63-1)")
-            ids.extend(block_list)
-            lengths.append(len(block_list))
+            try:
+                rec = _json_object(path, line_no, text)
+                stamp = _number(path, line_no, rec, "timestamp", "a finite number of milliseconds")
+                counts = _count(path, line_no, rec, "input_length"), _count(path, line_no, rec, "output_length")
+                block_list = rec.get("hash_ids", [])
+                if not isinstance(block_list, list) or not all(_is_int(b) and 0 <= b < 1 << 63 for b in block_list):
+                    raise TraceFormatError(path, line_no, "hash_ids", str(block_list)[:80],
+                                           "a list of block ids (integers in 0..2**63-1)")
+            except TraceFormatError as error:
+                if skip is None:
+                    raise
+                skip.add(error)
+            else:
+                stamps.append(stamp)
+                ins.append(counts[0])
+                outs.append(counts[1])
+                ids.extend(block_list)
+                lengths.append(len(block_list))
         try:
             nxt = stream.readline()
         except (OSError, EOFError) as exc:

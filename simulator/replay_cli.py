@@ -12,11 +12,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from simulator.cli import add_bad_rows_argument, load_trace_flags
+
 
 def _add_trace_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trace", default=None,
                         help="trace file or builtin:NAME[?k=v&...] (default: builtin:default)")
     parser.add_argument("--format", dest="fmt", default=None, help="trace format (default: detected)")
+    add_bad_rows_argument(parser)
     parser.add_argument("--seed", type=int, default=0, help="seed for synthetic workloads and prompt words")
 
 
@@ -66,9 +69,7 @@ def replay_config(args: argparse.Namespace) -> Any:
 
 
 def load_trace_arg(args: argparse.Namespace) -> Any:
-    from simulator.synthetic import load_workload
-
-    return load_workload(args.trace, args.fmt, args.seed)
+    return load_trace_flags(args, args.fmt, "leadscale")
 
 
 def run_replay(args: argparse.Namespace) -> int:

@@ -251,15 +251,17 @@ def from_spec(spec: str, seed: int = 0) -> Workload:
     return builtin(name, seed, **params)
 
 
-def load_workload(source: str | Path | None = None, fmt: str | None = None, seed: int = 0) -> Workload:
-    """What ``--trace`` means: None → ``builtin:default``, ``builtin:...`` → generated, else a trace file."""
+def load_workload(source: str | Path | None = None, fmt: str | None = None, seed: int = 0,
+                  bad_rows: str = "fail") -> Workload:
+    """What ``--trace`` means: None → ``builtin:default``, ``builtin:...`` → generated, else a trace file
+    (``bad_rows``: ``fail`` or ``skip`` malformed rows, see ``readers.load_trace``)."""
     if source is None:
         return builtin("default", seed)
     if isinstance(source, str) and source.startswith(PREFIX):
         if fmt not in (None, "builtin"):
             raise SpecError(source, [f"format {fmt!r} does not apply to a builtin workload"])
         return from_spec(source, seed)
-    return load_trace(source, fmt)
+    return load_trace(source, fmt, bad_rows=bad_rows)
 
 
 def _resolve(b: Builtin, params: Mapping[str, object]) -> tuple[dict[str, object], list[str]]:

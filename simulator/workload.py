@@ -41,6 +41,9 @@ class Workload:
     block_offsets: np.ndarray | None = None
     skipped_rows: int = 0
     origin_s: float = 0.0
+    malformed_rows: int = 0
+    """Rows a reader left out as malformed (``bad_rows="skip"``); ``skipped_rows`` counts well-formed ones
+    that are not requests (failed, zero lengths)."""
     block_tokens: int = 512
     meta: dict[str, str] = field(default_factory=dict)
 
@@ -86,7 +89,7 @@ class Workload:
     def __repr__(self) -> str:
         blocks = f", blocks={self.block_ids.size}" if self.block_ids is not None else ""
         return (f"Workload({self.name!r}, requests={len(self)}, duration_s={self.duration_s:.3f}, "
-                f"skipped_rows={self.skipped_rows}{blocks})")
+                f"skipped_rows={self.skipped_rows}, malformed_rows={self.malformed_rows}{blocks})")
 
     @property
     def has_blocks(self) -> bool:
@@ -109,7 +112,8 @@ class Workload:
         ids = offs = None
         if self.block_ids is not None and self.block_offsets is not None:
             ids, offs = take_ragged(self.block_ids, self.block_offsets, index)
-        fields = {"name": self.name, "skipped_rows": self.skipped_rows, "origin_s": self.origin_s,
+        fields = {"name": self.name, "skipped_rows": self.skipped_rows, "malformed_rows": self.malformed_rows,
+                  "origin_s": self.origin_s,
                   "block_tokens": self.block_tokens, "meta": dict(self.meta)}
         fields.update(changes)
         arrival = self.arrival_s[index] if arrival_s is None else arrival_s
@@ -124,6 +128,7 @@ class Workload:
             "name": self.name,
             "requests": n,
             "skipped_rows": self.skipped_rows,
+            "malformed_rows": self.malformed_rows,
             "duration_s": dur,
             "rate_per_s": n / dur if dur > 0 else 0.0,
             "input_mean": float(self.input_tokens.mean()) if n else 0.0,

@@ -16,6 +16,7 @@ from typing import Any
 import helm_python
 import jsonschema
 import kubernetes_validate
+import psutil
 import pytest
 import yaml
 from conftest import ROOT, SCHEMAS, require
@@ -50,6 +51,11 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         "nodeSelector": {"kubernetes.io/os": "linux"}, "podAnnotations": {"team": "inference"},
         "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "system", "effect": "NoSchedule"}],
         "imagePullSecrets": [{"name": "registry"}],
+        "networkPolicy": {"enabled": True, "metricsFrom": [
+            {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]},
+        "prometheusAuth": {"authModes": "bearer", "secretTargetRef": [
+            {"parameter": "bearerToken", "name": "prometheus-credentials", "key": "token"},
+            {"parameter": "ca", "name": "prometheus-ca", "key": "ca.crt"}]},
     },
     "tls-existing-secret": {
         "tls": {"enabled": True, "existingSecret": "leadscale-tls"},
@@ -200,6 +206,11 @@ def test_headless_service_and_optional_objects() -> None:
                  id="so-without-model"),
     pytest.param({"scaledObject": {"tolerance": "10%"}}, "/scaledObject/tolerance", id="tolerance-percent"),
     pytest.param({"tls": {"enabled": True}}, "tls.existingSecret or tls.certManager.enabled", id="tls-no-secret"),
+    pytest.param({"prometheusAuth": {"authModes": "oauth"}}, "/prometheusAuth/authModes", id="auth-mode-unknown"),
+    pytest.param({"prometheusAuth": {"secretTargetRef": [{"parameter": "token", "name": "s", "key": "k"}]}},
+                 "/prometheusAuth/secretTargetRef/0/parameter", id="auth-parameter-unknown"),
+    pytest.param({"serviceMonitor": {"enabled": True}, "scaler": {"metricsHost": "127.0.0.1"}},
+                 "serviceMonitor.enabled needs /metrics reachable", id="monitor-loopback-metrics"),
     pytest.param({"tls": {"enabled": True, "existingSecret": "s"}, "scaledObject": SO},
                  "scaledObject.authentication.secretName", id="so-tls-no-ca-secret"),
 ])
@@ -262,3 +273,66 @@ def test_only_the_client_module_talks_to_the_api_server() -> None:
             if isinstance(node, ast.Attribute) and node.attr in api_classes:
                 offenders.append(f"{Path(path).relative_to(ROOT)}: .{node.attr}")
     assert offenders == []
+
+
+# --- access: who reaches the scaler, and what it holds ----------------------------------------------------------------
+def test_network_policy_admits_only_keda_to_grpc_and_only_metrics_from_to_metrics() -> None:
+    (policy,) = of_kind(render(VALUE_SETS["everything"]), "NetworkPolicy")
+    spec = policy["spec"]
+    assert spec["policyTypes"] == ["Ingress"]
+    assert spec["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "leadscale",
+                                                  "app.kubernetes.io/instance": "leadscale"}
+    grpc_rule, metrics_rule = spec["ingress"]
+    assert grpc_rule["ports"] == [{"port": "grpc", "protocol": "TCP"}]
+    (keda,) = grpc_rule["from"]  # one peer: namespace AND pod labels (both in one entry)
+    assert keda == {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "keda"}},
+                    "podSelector": {"matchLabels": {"app.kubernetes.io/name": "keda-operator"}}}
+    assert metrics_rule["ports"] == [{"port": "metrics", "protocol": "TCP"}]
+    assert metrics_rule["from"] == VALUE_SETS["everything"]["networkPolicy"]["metricsFrom"]
+    only_keda = render({"networkPolicy": {"enabled": True}})
+    assert len(of_kind(only_keda, "NetworkPolicy")[0]["spec"]["ingress"]) == 1  # metrics: nobody from outside
+    assert not of_kind(render({}), "NetworkPolicy")
+
+
+def test_prometheus_credentials_are_mounted_files_never_env_or_args() -> None:
+    (dep,) = of_kind(render(VALUE_SETS["everything"]), "Deployment")
+    pod = dep["spec"]["template"]["spec"]
+    box = pod["containers"][0]
+    assert "--prometheus-auth-modes=bearer" in box["args"]
+    assert "--prometheus-auth-dir=/etc/leadscale/prometheus-auth" in box["args"]
+    assert not any("valueFrom" in e and "secretKeyRef" in e["valueFrom"] for e in box["env"])
+    (mount,) = [m for m in box["volumeMounts"] if m["name"] == "prometheus-auth"]
+    assert mount["readOnly"] is True
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "prometheus-auth"]
+    files = {item["path"]: (source["secret"]["name"], item["key"]) for source in volume["projected"]["sources"]
+             for item in source["secret"]["items"]}
+    assert files == {"bearerToken": ("prometheus-credentials", "token"), "ca": ("prometheus-ca", "ca.crt")}
+    assert volume["projected"]["defaultMode"] == 0o440  # readable by the pod's group (fsGroup), nobody else
+
+
+def test_with_tls_and_metrics_inside_the_pod_the_probes_use_the_port() -> None:
+    values = {**VALUE_SETS["tls-existing-secret"], "scaler": {"metricsHost": "127.0.0.1"}}
+    (dep,) = of_kind(render(values), "Deployment")
+    box = dep["spec"]["template"]["spec"]["containers"][0]
+    assert box["readinessProbe"]["tcpSocket"]["port"] == "grpc" and "httpGet" not in box["livenessProbe"]
+    assert "--metrics-host=127.0.0.1" in box["args"]
+
+
+@pytest.mark.prometheus
+def test_metrics_and_decisions_listen_where_the_chart_says(tmp_path: Path) -> None:
+    """The chart's own container args, run by the real ``leadscale serve``: which address holds which port."""
+    from support.scaler_process import ScalerProcess
+
+    values = {"kubernetes": {"enabled": False}, "scaler": {"host": "127.0.0.1", "metricsHost": "127.0.0.2",
+                                                           "prometheusUrl": "http://127.0.0.1:9"}}
+    (dep,) = of_kind(render(values), "Deployment")
+    args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[0] == "serve"
+    scaler = ScalerProcess(args[1:], tmp_path)
+    with scaler:
+        assert scaler.proc is not None
+        listening = {(c.laddr.ip.removeprefix("::ffff:"), c.laddr.port)  # gRPC binds IPv4 as v4-mapped v6
+                     for c in psutil.Process(scaler.proc.pid).net_connections("inet") if c.status == psutil.CONN_LISTEN}
+    assert ("127.0.0.1", scaler.port) in listening
+    assert ("127.0.0.2", scaler.metrics_port) in listening
+    assert ("127.0.0.1", scaler.metrics_port) not in listening and ("0.0.0.0", scaler.metrics_port) not in listening

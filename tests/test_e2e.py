@@ -154,6 +154,7 @@ def test_burst_scales_on_waiting_tokens_and_back(vllm_server: VllmServer, tmp_pa
     vllm_port = urlparse(vllm_server.url).port
     with PrometheusServer(scrape_targets=[f"127.0.0.1:{vllm_port}"], scrape_interval_s=3.0) as prom:
         prom.wait_until_up(1)
+        prom.wait_until_observed(float(METADATA["rateWindow"]))  # else the scaler's first answers say "warming up"
         grpc_port, metrics_port = free_port(), free_port()
         log_path = tmp_path / "serve.log"
         serve = subprocess.Popen(

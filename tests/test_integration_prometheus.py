@@ -57,6 +57,7 @@ def stack() -> Iterator[dict[str, Any]]:
     with VllmExporter(model="tiny") as pod, PrometheusServer([pod.address], scrape_interval_s=1.0) as prom:
         prom.wait_until_up(1)
         prom.wait_until('count(rate(vllm:prompt_tokens_total{model_name="tiny"}[3s]))', bool, timeout_s=SLOW_BOX_S)
+        prom.wait_until_observed(WINDOW_S, timeout_s=SLOW_BOX_S)
         yield {"pod": pod, "prom": prom}
 
 
@@ -156,6 +157,7 @@ def test_activation_query_scales_from_zero() -> None:
         gateway.set_gauge("gateway_pending_requests", 0, model="tiny")
         with PrometheusServer([pod.address, gateway.address], scrape_interval_s=1.0) as prom:
             prom.wait_until_up(1)  # the gateway; the pod is down
+            prom.wait_until_observed(WINDOW_S, timeout_s=SLOW_BOX_S)
             metadata = {**META, "activationQuery": 'sum(gateway_pending_requests{model="tiny"})',
                         "activationThreshold": "0", "minReplicas": "0"}
             scaler = Scaler(prom.url, metadata)

@@ -343,3 +343,89 @@ def test_timestamp_parser_agrees_with_datetime(t: dt.datetime) -> None:
     path = write(f"TIMESTAMP,ContextTokens,GeneratedTokens\n1970-01-01 00:00:00,1,1\n{t.isoformat(' ')},1,1\n")
     w = load_trace(path)
     assert w.arrival_s[-1] == pytest.approx(t.replace(tzinfo=dt.UTC).timestamp(), abs=1e-5)
+
+
+# --- --bad-rows: malformed rows are fatal (naming file, line, column) or skipped and counted ------------------------
+
+GOOD_ROW = {"generic": "{t},{i},{o}", "burstgpt": "{t},GPT-4,{i},{o},0,API log", "lengths": "{i},{o}",
+            "azure": "2024-05-10 00:00:{t:02d}.000000+00:00,{i},{o}",
+            "mooncake": '{{"timestamp": {t}, "input_length": {i}, "output_length": {o}}}'}
+BAD_ROW = {  # (row, the column its error names: None for a whole-row problem)
+    "generic": [("{t},x{i},{o}", "input_tokens"), ("nan,{i},{o}", "arrival_s"), ("{t},{i}", None),
+                ("{t},-{i},{o}", "input_tokens"), ("{t},{i},{o},9", None),
+                ("{t},{i},99999999999999999999", "output_tokens"),
+                ("{t},1e400,{o}", "input_tokens"), ('{t},"\u00e9{i}",{o}', "input_tokens")],
+    "burstgpt": [("{t},GPT-4,{i},x,0,API log", "Response tokens"), ("inf,GPT-4,{i},{o},0,API log", "Timestamp")],
+    "lengths": [("{i},x", "output_tokens"), ("{i}", None)],
+    "azure": [("2024-05-10 00:00:{t:02d},{i},x", "GeneratedTokens"), ("2024-13-10 00:00:00,{i},{o}", "TIMESTAMP"),
+              ("yesterday,{i},{o}", "TIMESTAMP")],
+    "mooncake": [('{{"timestamp": {t}, "input_length": "{i}", "output_length": {o}}}', "input_length"),
+                 ("[{t}]", None), ('{{"timestamp": {t}', None),
+                 ('{{"timestamp": "nan", "input_length": {i}}}', "timestamp")],
+}
+HEADER = {"generic": "arrival_s,input_tokens,output_tokens", "lengths": "input_tokens,output_tokens",
+          "burstgpt": "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type",
+          "azure": "TIMESTAMP,ContextTokens,GeneratedTokens", "mooncake": ""}
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(fmt=st.sampled_from(sorted(GOOD_ROW)), data=st.data())
+def test_bad_rows_fail_naming_the_first_or_are_skipped_and_counted(fmt: str, data: st.DataObject) -> None:
+    kinds = st.one_of(st.just(None), st.sampled_from(BAD_ROW[fmt]))
+    plan = data.draw(st.lists(kinds, min_size=1, max_size=30).filter(lambda p: None in p))
+    lines = [HEADER[fmt]] if HEADER[fmt] else []
+    for t, bad in enumerate(plan):
+        template = GOOD_ROW[fmt] if bad is None else bad[0]
+        lines.append(template.format(t=t, i=10 + t, o=5 + t))
+    path = write("\n".join(lines) + "\n", ".jsonl" if fmt == "mooncake" else ".csv")
+    first = next((k for k, bad in enumerate(plan) if bad is not None), None)
+    offset = 2 if HEADER[fmt] else 1  # the line number of plan[0]
+    if first is None:
+        assert load_trace(path, fmt).malformed_rows == 0
+        return
+    with pytest.raises(TraceFormatError) as err:
+        load_trace(path, fmt)
+    assert (err.value.path, err.value.line, err.value.column) == (str(path), first + offset, plan[first][1]), (
+        str(err.value), plan)
+    w = load_trace(path, fmt, bad_rows="skip")
+    assert len(w) == plan.count(None) and w.malformed_rows == len(plan) - plan.count(None)
+    assert w.input_tokens.tolist() == sorted(10 + t for t, bad in enumerate(plan) if bad is None) or fmt == "lengths"
+    assert w.meta["first_malformed"].startswith(f"{path}:{first + offset}:")
+
+
+def test_skipping_every_row_still_fails_and_a_bad_header_always_fails() -> None:
+    with pytest.raises(TraceFormatError, match="at least one request"):
+        load_trace(write("arrival_s,input_tokens,output_tokens\n0,x,1\n1,2\n"), bad_rows="skip")
+    with pytest.raises(TraceFormatError, match="known header"):
+        load_trace(write("a,b\n1,2\n"), bad_rows="skip")
+    with pytest.raises(ValueError, match="bad_rows='ignore' is unknown; allowed: fail, skip"):
+        load_trace(write("arrival_s,input_tokens,output_tokens\n0,1,1\n"), bad_rows="ignore")
+
+
+def test_skipping_works_across_chunks_and_on_the_shared_trace(tmp_path: Path) -> None:
+    good = trace("sharegpt_300_at_10rps.csv").read_text().splitlines()
+    mixed = [good[0]] + [row if k % 50 else row.replace(",", ",x", 1) for k, row in enumerate(good[1:], 1)]
+    path = tmp_path / "mixed.csv"
+    path.write_text("\n".join(mixed) + "\n")
+    whole = load_trace(path, bad_rows="skip")
+    chunked = load_trace(path, bad_rows="skip", chunk_bytes=512)
+    bad = sum(1 for k in range(1, len(good)) if k % 50 == 0)
+    assert whole.malformed_rows == chunked.malformed_rows == bad and len(whole) == len(chunked) == len(good) - 1 - bad
+    assert whole.meta["first_malformed"] == chunked.meta["first_malformed"]
+    assert whole.meta["first_malformed"].startswith(f"{path}:51:")
+
+
+def test_cli_reports_bad_rows_without_a_traceback(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    path = tmp_path / "bad.csv"
+    path.write_text("arrival_s,input_tokens,output_tokens\n0,100,10\n1,abc,10\n2,100,10\n")
+    base = [sys.executable, "-m", "scaler.cli", "simulate", "--trace", str(path), "--json"]
+    root = Path(__file__).resolve().parent.parent
+    failed = subprocess.run(base, capture_output=True, text=True, cwd=root, timeout=120)
+    assert failed.returncode == 2 and "Traceback" not in failed.stderr
+    assert f"{path}:3: column 'input_tokens': got 'abc'" in failed.stderr, failed.stderr
+    skipped = subprocess.run([*base, "--bad-rows", "skip"], capture_output=True, text=True, cwd=root, timeout=120)
+    assert skipped.returncode == 0, skipped.stderr[-2000:]
+    assert f"{path}: skipped 1 malformed row (--bad-rows skip); the first: {path}:3:" in skipped.stderr

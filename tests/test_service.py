@@ -270,6 +270,25 @@ def test_benchmark_script_runs_and_reports() -> None:
     assert "highest sustained: GetMetrics" in result.stdout and "handler CPU per call" in result.stdout
 
 
+@pytest.mark.slow
+def test_soak_benchmark_short_run_has_no_errors_and_drops_idle_objects(tmp_path: Path) -> None:
+    """The 10-minute soak's short version: KEDA's three calls per object, bursts and renames, side by side."""
+    out = tmp_path / "soak.json"
+    result = subprocess.run([sys.executable, "benchmarks/bench_getmetrics.py", "--soak", "12", "--objects", "100",
+                             "--period", "2", "--burst-every", "4", "--burst-clients", "20", "--churn-every", "3",
+                             "--churn", "0.2", "--idle-timeout", "2", "--json", str(out)], cwd=ROOT,
+                            capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0, result.stderr[-2000:]
+    figures = json.loads(out.read_text())
+    assert figures["errors"] == 0 and figures["peer_errors"] == 0, result.stdout
+    assert {"GetMetricSpec", "GetMetrics", "IsActive", "burst", "first GetMetrics"} <= set(figures["latency"])
+    assert figures["latency"]["GetMetrics"]["scaler"]["calls"] >= 100 * 12 / 2 * 0.8
+    # 20 of 100 renamed every 3 s and dropped 2 s after their last poll: never all the generations at once
+    assert max(figures["objects_seen"]) <= 100 + 2 * 20, figures["objects_seen"]
+    assert figures["objects_seen"][-1] <= 100 + 20
+    assert "server CPU: scaler" in result.stdout and "targets:" in result.stdout
+
+
 def test_serve_rejects_deletion_cost_without_kubernetes() -> None:
     result = subprocess.run([sys.executable, "-m", "scaler.cli", "serve", "--deletion-cost", "true"], cwd=ROOT,
                             capture_output=True, text=True, timeout=30)

@@ -2,18 +2,12 @@
 
 from __future__ import annotations
 
-import datetime as dt
-import ipaddress
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
+from support.pki import Pki, make_pki
 from test_evaluator import META, FakeSource
 
 from scaler._proto import externalscaler_pb2 as pb
@@ -23,56 +17,6 @@ from scaler.service import RunningScaler, TlsFiles, start_server
 from scaler.telemetry import Telemetry
 
 REF = pb.ScaledObjectRef(name="chat", namespace="llm", scalerMetadata=META)
-
-
-@dataclass
-class Pki:
-    ca: bytes
-    server_cert: Path
-    server_key: Path
-    ca_path: Path
-    client_cert: bytes
-    client_key: bytes
-
-
-def _key() -> ec.EllipticCurvePrivateKey:
-    return ec.generate_private_key(ec.SECP256R1())
-
-
-def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
-    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                             serialization.NoEncryption())
-
-
-def _cert(subject: str, key: ec.EllipticCurvePrivateKey, issuer: x509.Certificate | None,
-          issuer_key: ec.EllipticCurvePrivateKey, ca: bool = False, server: bool = False) -> x509.Certificate:
-    now = dt.datetime.now(dt.UTC)
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)])
-    builder = (x509.CertificateBuilder().subject_name(name).issuer_name(issuer.subject if issuer else name)
-               .public_key(key.public_key()).serial_number(x509.random_serial_number())
-               .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=1))
-               .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
-    if server:
-        builder = builder.add_extension(x509.SubjectAlternativeName(
-            [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
-    return builder.sign(issuer_key, hashes.SHA256())
-
-
-def _pem(cert: x509.Certificate) -> bytes:
-    return cert.public_bytes(serialization.Encoding.PEM)
-
-
-def make_pki(tmp: Path, name: str = "test-ca") -> Pki:
-    ca_key = _key()
-    ca = _cert(name, ca_key, None, ca_key, ca=True)
-    server_key, client_key = _key(), _key()
-    server = _cert("leadscale", server_key, ca, ca_key, server=True)
-    client = _cert("keda-operator", client_key, ca, ca_key)
-    paths = {n: tmp / f"{name}-{n}.pem" for n in ("ca", "server", "server-key")}
-    paths["ca"].write_bytes(_pem(ca))
-    paths["server"].write_bytes(_pem(server))
-    paths["server-key"].write_bytes(_pem_key(server_key))
-    return Pki(_pem(ca), paths["server"], paths["server-key"], paths["ca"], _pem(client), _pem_key(client_key))
 
 
 @pytest.fixture(scope="module")
@@ -144,3 +88,22 @@ def test_mtls_refuses_a_certificate_from_another_ca(mtls_server: RunningScaler, 
 def test_unreadable_pem_names_the_flag(tmp_path: Path, pki: Pki) -> None:
     with pytest.raises(ValueError, match=r"--tls-key='.*missing\.pem': cannot read"):
         TlsFiles(str(pki.server_cert), str(tmp_path / "missing.pem")).credentials()
+
+
+def test_the_serve_process_requires_keda_client_certificate(pki: Pki, tmp_path: Path) -> None:
+    """``leadscale serve --tls-cert --tls-key --tls-client-ca``, as the chart runs it with ``tls.mtls.enabled``."""
+    from support.scaler_process import ScalerProcess
+
+    args = ["--tls-cert", str(pki.server_cert), "--tls-key", str(pki.server_key), "--tls-client-ca", str(pki.ca_path),
+            "--prometheus-url", "http://127.0.0.1:9"]
+    with ScalerProcess(args, tmp_path) as scaler:
+        assert "(mTLS)" in scaler.log()
+        keda = grpc.ssl_channel_credentials(root_certificates=pki.ca, private_key=pki.client_key,
+                                            certificate_chain=pki.client_cert)
+        with grpc.secure_channel(f"localhost:{scaler.port}", keda) as channel:
+            spec = pb_grpc.ExternalScalerStub(channel).GetMetricSpec(REF, timeout=5)  # needs no Prometheus
+        assert spec.metricSpecs[0].metricName == "leadscale-llama"
+        for credentials in (grpc.ssl_channel_credentials(root_certificates=pki.ca), None):
+            with pytest.raises(grpc.RpcError) as info:
+                call(scaler.port, credentials)
+            assert info.value.code() == grpc.StatusCode.UNAVAILABLE

@@ -260,3 +260,37 @@ def test_garbage_answers_give_signals_or_source_errors_never_exceptions(answers:
         assert isinstance(value, (Signals, SourceError))
         if isinstance(value, Signals):
             assert all(math.isfinite(v) for v in (value.prompt_tokens_per_s, value.requests_waiting, value.data_age_s))
+
+
+class WarmingSource(PrometheusSource):
+    """A Prometheus that started moments ago: ``up`` exists, but nothing older than half the window."""
+
+    def query(self, address: str, promql: str) -> list[Any]:
+        if "count_over_time(up" in promql:
+            return [{"metric": {}, "value": [100.0, "0"]}]
+        return [{"metric": {"model_name": "m", "namespace": "x"}, "value": [100.0, "5"]}]
+
+
+def test_a_prometheus_that_saw_less_than_half_the_window_is_warming_up_for_every_group() -> None:
+    """rate() extrapolates half an interval past the first sample: a window seen a third understates by 3x."""
+    targets = [Target("m", rate_window_s=WINDOW_S), _ns("m", "x")]  # with and without label matchers
+    result = WarmingSource("http://127.0.0.1:9").fetch(targets, now=0.0)
+    for target in targets:
+        assert isinstance(result[target], SourceError) and str(result[target]).startswith("warming up"), result
+
+
+def test_the_window_check_asks_prometheus_about_the_older_half() -> None:
+    queries = group_queries(["m"], {}, 60)
+    assert queries["observed_window"] == "count(count_over_time(up[30s] offset 30s)) or count(up) * 0"
+    long = group_queries(["m"], {}, 3600)  # any sample before the middle will do: two minutes of them at most
+    assert long["observed_window"] == "count(count_over_time(up[120s] offset 1800s)) or count(up) * 0"
+
+
+def test_http_clients_are_bounded_as_trigger_addresses_come_and_go() -> None:
+    from scaler.sources.prometheus import MAX_CLIENTS
+
+    source = PrometheusSource("http://127.0.0.1:9")
+    for port in range(MAX_CLIENTS + 20):
+        source._client(f"http://127.0.0.1:{10000 + port}")
+    assert len(source._clients) == MAX_CLIENTS
+    assert f"http://127.0.0.1:{10000 + MAX_CLIENTS + 19}" in source._clients  # the newest stay

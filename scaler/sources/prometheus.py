@@ -13,11 +13,19 @@ What each number means, and why (``docs/signals.md`` has every query):
   with several data-parallel engines is one replica); KV usage is the mean over those replicas.
 - Data age is the Prometheus evaluation time minus the newest sample's ``timestamp()``: both come
   from Prometheus, so the scaler's own clock and clock skew do not enter.
+- A Prometheus that has not seen the older half of the rate window (it just started, or came back
+  after an outage longer than that) is "warming up", a ``SourceError``: ``rate()`` extrapolates only
+  half a scrape interval past the first sample, so over a window it saw a third of it would report a
+  third of the load. Pods that are new themselves (a cold start) are measured as usual.
 - ``waiting_tokens`` stays ``None``: vLLM exports no waiting-token count; the policy estimates it.
 - ``kv_cache_tokens`` is ``num_gpu_blocks`` × ``block_size`` from ``vllm:cache_config_info`` (labels, not
   a value, and no ``model_name`` label): those series are joined to the model's replicas by
   ``instance`` here, not in PromQL (a ``group_left`` would fail the whole query on a pod serving two
   models), summed over a pod's engines, the smallest replica's; ``None`` when no replica exports it.
+
+Credentials (``PrometheusAuth``: bearer token, basic auth, client certificate, CA) go only to the
+source's own URL, never to a trigger's ``prometheusAddress``; messages show neither them nor a URL's
+``user:password@``.
 
 A model with no series at all is ``SourceError("no data")``, never zeros, unless the target has an
 activation query that answered: then the model really has no ready replica and the snapshot says so
@@ -32,13 +40,41 @@ import threading
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from typing import Any
+from urllib.parse import urlsplit
 
 from scaler import histograms
 from scaler.signals import Signals
 from scaler.sources.base import SourceError, Target
+from scaler.sources.prometheus_auth import REDACTED, Material, PrometheusAuth
 
 GroupKey = tuple[str, float, tuple[str, ...]]
+NO_AUTH = Material()
+OBSERVED_LOOKBACK_S = 120.0
+MAX_CLIENTS = 64
+"""HTTP clients kept (one per Prometheus address, each with its connection pool)."""
 SeriesKey = tuple[str, tuple[str, ...]]  # (model_name, values of the group's label names)
+
+
+def origin(url: str) -> tuple[str, str, int | None]:
+    """(scheme, host, port) of a URL, default ports filled in: where credentials may go."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port or {"http": 80, "https": 443}.get(parts.scheme)
+    except ValueError:
+        return ("", url, None)
+    return (parts.scheme, (parts.hostname or "").lower(), port)
+
+
+def shown(url: str) -> str:
+    """``url`` without a ``user:password@`` part, for messages, logs and ``/decisions``."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return url
+    if parts.username is None and parts.password is None:
+        return url
+    host = parts.netloc.rsplit("@", 1)[-1]
+    return parts._replace(netloc=f"{REDACTED}@{host}").geturl()
 
 
 def promql_string(value: str) -> str:
@@ -66,7 +102,10 @@ def group_queries(models: Sequence[str], matchers: dict[str, list[str]], window_
     selector = ",".join([f"model_name=~{regex_any_of(models)}",
                          *(f"{name}=~{regex_any_of(values)}" for name, values in sorted(matchers.items()))])
     by = ", ".join(["model_name", *sorted(matchers)])
-    window = promql_duration(window_s)
+    window, half = promql_duration(window_s), promql_duration(window_s / 2)
+    # any sample in the 2 minutes (at most) before the window's middle will do: every `up` series costs its
+    # samples in this range, so a 1 h window must not read 30 min of all of them each round
+    look = promql_duration(min(window_s / 2, OBSERVED_LOOKBACK_S))
 
     def rate(metric: str) -> str:
         return f"sum by ({by}) (rate({metric}{{{selector}}}[{window}]))"
@@ -96,6 +135,9 @@ def group_queries(models: Sequence[str], matchers: dict[str, list[str]], window_
         "cache_config": f"max by (instance, engine, num_gpu_blocks, block_size) "
                         f"(vllm:cache_config_info{{{label_selector}}})" if label_selector else
                         "max by (instance, engine, num_gpu_blocks, block_size) (vllm:cache_config_info)",
+        # has this Prometheus seen the older half of the window? (0: it started or came back since; empty:
+        # it has no `up` series at all, as behind some remote-write setups, and then we cannot tell)
+        "observed_window": f"count(count_over_time(up[{look}] offset {half})) or count(up) * 0",
     }
 
 INSTANCE_SIGNALS = ("replica_instances", "cache_config")
@@ -149,36 +191,65 @@ class PrometheusSource:
     One failed query fails only the targets it serves, each with a ``SourceError`` naming the query.
     """
 
-    def __init__(self, url: str, timeout_s: float = 2.0) -> None:
+    def __init__(self, url: str, timeout_s: float = 2.0, auth: PrometheusAuth | None = None) -> None:
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-            raise ValueError(f"PrometheusSource url={url!r}: must be an http:// or https:// URL")
+            raise ValueError(f"PrometheusSource url={shown(url)!r}: must be an http:// or https:// URL")
         if not (isinstance(timeout_s, (int, float)) and math.isfinite(timeout_s) and timeout_s > 0):
             raise ValueError(f"PrometheusSource timeout_s={timeout_s!r}: must be a finite number > 0")
         self.url = url.rstrip("/")
         self.timeout_s = float(timeout_s)
-        self._clients: dict[str, Any] = {}
+        self.auth = auth
+        """Sent only to ``url``'s origin: a trigger's own ``prometheusAddress`` could be anyone's server."""
+        self._clients: dict[str, tuple[Any, Material]] = {}
         self._lock = threading.Lock()
 
+    def _material(self, address: str) -> Material:
+        return self.auth.material() if self.auth is not None and origin(address) == origin(self.url) else NO_AUTH
+
+    def _redact(self, address: str, text: str) -> str:
+        text = self._material(address).redact(text)
+        try:
+            password = urlsplit(address).password
+        except ValueError:
+            password = None
+        return text.replace(password, REDACTED) if password else text
+
     def _client(self, address: str) -> Any:
-        """One PrometheusConnect per address, without urllib3's retries and backoff (the loop retries)."""
+        """One PrometheusConnect per address, without urllib3's retries and backoff (the loop retries);
+        rebuilt when the credentials' files change."""
+        material = self._material(address)
         with self._lock:
-            if address not in self._clients:
+            client, built_with = self._clients.get(address, (None, None))
+            if client is None or built_with is not material:
+                import requests
                 from prometheus_api_client import PrometheusConnect
                 from urllib3.util.retry import Retry
 
-                self._clients[address] = PrometheusConnect(url=address, retry=Retry(total=0, raise_on_status=False),
-                                                           timeout=self.timeout_s)  # type: ignore[arg-type]
-            return self._clients[address]
+                session = requests.Session()
+                session.verify, session.cert = material.verify, material.cert
+                client = PrometheusConnect(url=address, headers=dict(material.headers) or None, auth=material.basic,
+                                           retry=Retry(total=0, raise_on_status=False), session=session,
+                                           timeout=self.timeout_s)  # type: ignore[arg-type]
+                self._clients.pop(address, None)
+                while len(self._clients) >= MAX_CLIENTS:  # triggers' own addresses come and go: oldest out
+                    self._clients.pop(next(iter(self._clients)))
+                self._clients[address] = (client, material)
+            return client
 
     def query(self, address: str, promql: str) -> list[Any]:
-        """Run one instant query; any failure (unreachable, HTTP error, bad answer) is a SourceError."""
+        """Run one instant query; any failure (unreachable, HTTP error, bad answer) is a SourceError.
+
+        Messages name the address without its user:password and show no credential.
+        """
         try:
             result = self._client(address).custom_query(promql)
         except Exception as exc:  # requests, urllib3 and the client each raise their own types
-            detail = str(exc)[:300]
-            raise SourceError(f"Prometheus {address} failed query {promql!r}: {type(exc).__name__}: {detail}") from exc
+            detail = self._redact(address, str(exc))[:300]
+            raise SourceError(f"Prometheus {shown(address)} failed query {promql!r}: {type(exc).__name__}: "
+                              f"{detail}") from exc
         if not isinstance(result, list):
-            raise SourceError(f"Prometheus {address} answered {promql!r} with {type(result).__name__}, not a list")
+            raise SourceError(f"Prometheus {shown(address)} answered {promql!r} with {type(result).__name__}, "
+                              "not a list")
         return result
 
     def fetch(self, targets: Sequence[Target], now: float) -> dict[Target, Signals | SourceError]:
@@ -200,10 +271,13 @@ class PrometheusSource:
                 matchers[name].append(value)
         tables: dict[str, dict[SeriesKey, float]] = {}
         rows_of: dict[str, list[Any]] = {}
-        eval_time = math.nan
+        eval_time = observed = math.nan
         try:
             for signal, promql in group_queries([t.model for t in members], matchers, window_s).items():
                 rows = self.query(address, promql)
+                if signal == "observed_window":  # one number for the whole Prometheus, no labels
+                    observed = _sample(rows[0])[1] if rows else math.nan
+                    continue
                 if signal in INSTANCE_SIGNALS:
                     rows_of[signal] = rows
                     continue
@@ -212,6 +286,12 @@ class PrometheusSource:
                     eval_time = _sample(rows[0])[0]
         except SourceError as exc:
             return {target: exc for target in members}
+        if observed == 0:
+            warming = SourceError(
+                f"warming up: Prometheus {shown(address)} has no sample older than half the rate window "
+                f"({promql_duration(window_s)}): it started or came back moments ago, and rate() over a window "
+                "it has only partly seen would understate the load")
+            return {target: warming for target in members}
         out: dict[Target, Signals | SourceError] = {}
         for target in members:
             try:
@@ -220,7 +300,8 @@ class PrometheusSource:
             except SourceError as exc:
                 out[target] = exc
             except ValueError as exc:  # Signals refused a value (absurd but finite sums overflowing, ...)
-                out[target] = SourceError(f"Prometheus {address} gave unusable numbers for {target.model!r}: {exc}")
+                out[target] = SourceError(f"Prometheus {shown(address)} gave unusable numbers for "
+                                          f"{target.model!r}: {exc}")
         return out
 
     @staticmethod
@@ -244,13 +325,13 @@ class PrometheusSource:
             if activation is not None:
                 return Signals(at=now, prompt_tokens_per_s=0.0, generation_tokens_per_s=0.0, requests_waiting=0.0,
                                requests_running=0.0, ready_replicas=0, activation_value=activation)
-            raise SourceError(f"no data: Prometheus {address} has no vllm:num_requests_running series for {where} "
-                              "(no ready replica, a wrong model name or label, or scraping is broken)")
+            raise SourceError(f"no data: Prometheus {shown(address)} has no vllm:num_requests_running series for "
+                              f"{where} (no ready replica, a wrong model name or label, or scraping is broken)")
 
         def required(signal: str, hint: str) -> float:
             value = tables[signal].get(key, math.nan)
             if not (math.isfinite(value) and value >= 0):
-                raise SourceError(f"no data: {signal} for {where} is {value!r} on {address} ({hint})")
+                raise SourceError(f"no data: {signal} for {where} is {value!r} on {shown(address)} ({hint})")
             return value
 
         def optional(signal: str, clamp: Callable[[float], float] = lambda v: v) -> float | None:
@@ -305,6 +386,6 @@ class PrometheusSource:
             return None
         total = math.fsum(values)
         if not math.isfinite(total):
-            raise SourceError(f"activation query {target.activation_query!r} on {address} gave {values!r}: "
+            raise SourceError(f"activation query {target.activation_query!r} on {shown(address)} gave {values!r}: "
                               "want finite numbers")
         return total

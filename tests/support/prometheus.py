@@ -15,6 +15,11 @@ skips the test locally and fails it in CI (``conftest.require``).
 ``PrometheusServer(data_dir=path)`` starts on an existing TSDB (say one that ``promtool tsdb
 create-blocks-from openmetrics`` filled) instead of an empty temporary one; the caller owns ``path``,
 so ``stop()`` leaves it in place.
+
+Faults: ``kill()`` ends the process with SIGKILL (no clean shutdown: the TSDB keeps its WAL) and
+``restart()`` starts it again on the same port and TSDB, so clients see the same URL and history.
+``web_config`` is Prometheus's ``--web.config.file`` (``tls_server_config``, ``basic_auth_users``);
+with TLS the URL is ``https://`` and the helper's own requests use ``client_verify``/``client_auth``.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from __future__ import annotations
 import json
 import shutil
 import socket
+import ssl
 import subprocess
 import tempfile
 import time
@@ -50,20 +56,32 @@ class PrometheusServer:
 
     def __init__(self, scrape_targets: Sequence[ScrapeTarget] = (), scrape_interval_s: float = 1.0,
                  binary: str = DEFAULT_BINARY, extra_args: Sequence[str] = (), ready_timeout_s: float = 60.0,
-                 data_dir: str | Path | None = None) -> None:
+                 data_dir: str | Path | None = None, web_config: Mapping[str, Any] | None = None,
+                 client_verify: str | bool = True, client_auth: tuple[str, str] | None = None,
+                 client_cert: tuple[str, str] | None = None, port: int = 0) -> None:
         if any(arg.startswith("--storage.tsdb.path") for arg in extra_args):
             raise ValueError("PrometheusServer extra_args: pass data_dir=... instead of --storage.tsdb.path")
         self.binary, self.scrape_interval_s = binary, scrape_interval_s
         self.data_dir = Path(data_dir) if data_dir is not None else None
         self.extra_args, self.ready_timeout_s = list(extra_args), ready_timeout_s
         self._initial_targets = list(scrape_targets)
+        self.web_config = dict(web_config) if web_config else None
+        verify: ssl.SSLContext | bool = client_verify if isinstance(client_verify, bool) else \
+            ssl.create_default_context(cafile=client_verify)
+        if client_cert is not None:
+            verify = verify if isinstance(verify, ssl.SSLContext) else ssl.create_default_context()
+            verify.load_cert_chain(*client_cert)
+        self.client: dict[str, Any] = {"verify": verify, "auth": client_auth}
         self._dir: Path | None = None
         self._proc: subprocess.Popen[bytes] | None = None
-        self.port = 0
+        self.fixed_port = port
+        """Non-zero: listen there (a client may be pointed at it before Prometheus starts)."""
+        self.port = port
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        scheme = "https" if self.web_config and "tls_server_config" in self.web_config else "http"
+        return f"{scheme}://127.0.0.1:{self.port}"
 
     # --- lifecycle -----------------------------------------------------------------------------
     def start(self) -> PrometheusServer:
@@ -78,23 +96,46 @@ class PrometheusServer:
                 {"files": [str(self._dir / "targets.json")], "refresh_interval": "1s"}]}],
         }
         (self._dir / "prometheus.yml").write_text(json.dumps(config))  # JSON is valid YAML
+        if self.web_config:
+            (self._dir / "web.yml").write_text(json.dumps(self.web_config))
         last_error = ""
         for _attempt in range(3):  # the free port may be taken between free_port() and bind
-            self.port = free_port()
-            log = (self._dir / "prometheus.log").open("wb")
-            self._proc = subprocess.Popen(
-                [self.binary, f"--config.file={self._dir / 'prometheus.yml'}",
-                 f"--storage.tsdb.path={self.data_dir or self._dir / 'data'}",
-                 f"--web.listen-address=127.0.0.1:{self.port}",
-                 "--web.enable-lifecycle", "--log.level=warn", *self.extra_args],
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-            log.close()
-            if self._wait_ready():
+            self.port = self.fixed_port or free_port()
+            if self._launch():
                 return self
             last_error = self._log_tail()
             self._terminate()
         self.stop()
         raise RuntimeError(f"Prometheus did not become ready within {self.ready_timeout_s}s:\n{last_error}")
+
+    def _launch(self) -> bool:
+        assert self._dir is not None
+        web = [f"--web.config.file={self._dir / 'web.yml'}"] if self.web_config else []
+        with (self._dir / "prometheus.log").open("ab") as log:
+            self._proc = subprocess.Popen(
+                [self.binary, f"--config.file={self._dir / 'prometheus.yml'}",
+                 f"--storage.tsdb.path={self.data_dir or self._dir / 'data'}",
+                 f"--web.listen-address=127.0.0.1:{self.port}", *web,
+                 "--web.enable-lifecycle", "--log.level=warn", *self.extra_args],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        return self._wait_ready()
+
+    def kill(self) -> None:
+        """SIGKILL, like an OOM kill or a node loss: no clean shutdown; config and TSDB stay for ``restart``."""
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait(timeout=10)
+        self._proc = None
+
+    def restart(self) -> None:
+        """Start again on the same port and TSDB (after ``kill``, or a running one is killed first)."""
+        self.kill()
+        deadline = time.monotonic() + 30
+        while not self._launch():  # the port may linger a moment after the kill
+            self._terminate()
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"Prometheus did not restart on port {self.port}:\n{self._log_tail()}")
+            time.sleep(0.5)
 
     def _wait_ready(self) -> bool:
         deadline = time.monotonic() + self.ready_timeout_s
@@ -103,7 +144,7 @@ class PrometheusServer:
             if self._proc.poll() is not None:
                 return False
             try:
-                if httpx.get(f"{self.url}/-/ready", timeout=1.0).status_code == 200:
+                if httpx.get(f"{self.url}/-/ready", timeout=1.0, **self.client).status_code == 200:
                     return True
             except httpx.HTTPError:
                 pass
@@ -151,7 +192,7 @@ class PrometheusServer:
 
     def query(self, promql: str) -> list[dict[str, Any]]:
         """An instant query's ``result`` list; raises on any Prometheus error."""
-        response = httpx.get(f"{self.url}/api/v1/query", params={"query": promql}, timeout=15.0)
+        response = httpx.get(f"{self.url}/api/v1/query", params={"query": promql}, timeout=15.0, **self.client)
         response.raise_for_status()
         body = response.json()
         if body.get("status") != "success":
@@ -170,6 +211,12 @@ class PrometheusServer:
             if time.monotonic() > deadline:
                 raise AssertionError(f"after {timeout_s}s, {promql!r} still gives {result!r}")
             time.sleep(poll_s)
+
+    def wait_until_observed(self, window_s: float, timeout_s: float = 60.0) -> None:
+        """Wait until this Prometheus has samples older than half of ``window_s`` (else the scaler says
+        "warming up": ``rate()`` over a window it has only partly seen understates)."""
+        half = f"{round(window_s * 500)}ms"
+        self.wait_until(f"count(count_over_time(up[{half}] offset {half}))", bool, timeout_s)
 
     def wait_until_up(self, n_targets: int, timeout_s: float = 60.0) -> None:
         """Wait until ``n_targets`` targets have been scraped successfully (``up == 1``)."""

@@ -91,3 +91,9 @@ app.kubernetes.io/component: keda-external-scaler
 {{- end -}}
 {{- toJson (uniq $list) -}}
 {{- end -}}
+
+{{/* "true" when /metrics and /decisions listen on loopback only (nothing outside the pod reaches them). */}}
+{{- define "leadscale.metricsInPod" -}}
+{{- $host := .Values.scaler.metricsHost | default .Values.scaler.host -}}
+{{- if or (hasPrefix "127." $host) (eq $host "::1") (eq $host "localhost") -}}true{{- end -}}
+{{- end -}}
