@@ -74,8 +74,9 @@ def add_tune_arguments(parser: argparse.ArgumentParser, model_required: bool = F
     d.add_argument("--storage", default=None, metavar="URL",
                    help="optuna RDB storage recording every run (sqlite:///tune.db, postgresql://...)")
     d.add_argument("--study", default="leadscale-tune", help="study name in --storage (default leadscale-tune)")
-    d.add_argument("--resume", action="store_true",
-                   help="continue the stopped --study: recorded runs are not simulated again")
+    d.add_argument("--resume", nargs="?", const="yes", choices=("yes", "auto"), default=None,
+                   help="continue the stopped --study: recorded runs are not simulated again; --resume=auto "
+                        "also starts it when it does not exist (a Job that may be restarted)")
     d.add_argument("--worker-timeout", type=float, default=900.0, metavar="S",
                    help="--backend rdb: fail when no worker finishes a run for S seconds (default 900)")
     m = parser.add_argument_group("manifests")

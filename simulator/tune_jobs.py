@@ -153,15 +153,16 @@ class JobStore:
             self.study = None
             self.existed = False
 
-    def create(self, inputs: Any, resume: bool, extra: dict[str, Any] | None = None) -> None:
-        """Coordinator: a new study holding ``inputs``, or (``resume``) the existing one if its inputs match."""
+    def create(self, inputs: Any, resume: bool | str | None, extra: dict[str, Any] | None = None) -> None:
+        """Coordinator: a new study holding ``inputs``, or (``resume``) the existing one if its inputs match;
+        ``resume="auto"``: the existing one if there is one, else a new one."""
         encoded = encode_inputs(inputs)
         digest = inputs_digest({**encoded, "extra": extra or {}})
         if self.existed and not resume:
             raise StudyError(f"--study {self.name!r} already exists in {self.url}: --resume to continue it, or "
                              "another --study name")
         if not self.existed:
-            if resume:
+            if resume and resume != "auto":
                 raise StudyError(f"--resume: there is no study {self.name!r} in {self.url} to continue")
             self.study = self._optuna.create_study(study_name=self.name, storage=self.storage, direction="minimize")
             self.study.set_user_attr("inputs", encoded)

@@ -117,6 +117,9 @@ def test_resume_continues_a_stopped_study_and_ends_as_an_uninterrupted_one(tmp_p
     resumed = tune(inputs(), jobs=1, runner=lambda i, j: Recorded(Pool(i, j), again), **SIZES)  # type: ignore[arg-type]
     assert dumps(resumed) == dumps(plain)
     assert again.reused == recorded  # none of them simulated again
+    fresh = JobStore(url, "restarted-job")  # --resume=auto: a Job's first attempt starts the study
+    fresh.create(inputs(), resume="auto")
+    assert fresh.existed and fresh.done() == {}
     other = JobStore(url, "stopped")
     changed = TuneInputs(load_workload(TINY, None, seed=1), get_profile("a100-llama3-8b"), target=0.95, seed=3)
     with pytest.raises(StudyError, match="started with other inputs"):
