@@ -80,6 +80,22 @@ def bench_vllm_sr_sim(requests: int, rate: float, replicas: int, repeat: int) ->
     return {"requests": requests, "cpu_s": cpu, "startup_cpu_s": startup, "requests_per_cpu_s": requests / cpu}
 
 
+def growth(args: argparse.Namespace) -> int:
+    """CPU seconds per 100k requests as requests and replicas grow (flat = linear in requests)."""
+    per = args.rate / args.replicas
+    print(f"CPU s per 100k requests ({args.profile}; compiled / python engine)")
+    for n in (args.requests // 4, args.requests, args.requests * 4):
+        row = [bench_leadscale(n, args.rate, args.replicas, args.profile, 1, engine=e) for e in ("compiled", "python")]
+        print(f"  {n:>8d} requests at {args.rate:g}/s on {args.replicas:>2d} replicas: "
+              + " / ".join(f"{r['cpu_s'] / r['requests'] * 1e5:6.2f}" for r in row))
+    for reps in (args.replicas // 2, args.replicas, args.replicas * 2, args.replicas * 4):
+        row = [bench_leadscale(args.requests, per * reps, reps, args.profile, 1, engine=e)
+               for e in ("compiled", "python")]
+        print(f"  {args.requests:>8d} requests at {per * reps:g}/s on {reps:>2d} replicas: "
+              + " / ".join(f"{r['cpu_s'] / r['requests'] * 1e5:6.2f}" for r in row))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=100_000)
@@ -88,7 +104,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", default="h100-llama3-8b")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--growth", action="store_true",
+                        help="how CPU time grows: x4 requests at a fixed load, then x2 replicas at a fixed load per "
+                             "replica (both engines; no peer)")
     args = parser.parse_args(argv)
+    if args.growth:
+        return growth(args)
     ours = bench_leadscale(args.requests, args.rate, args.replicas, args.profile, args.repeat)
     ref = bench_leadscale(args.requests, args.rate, args.replicas, args.profile, args.repeat, engine="python")
     if (ours["completed"], ours["ttft_p99"]) != (ref["completed"], ref["ttft_p99"]):
