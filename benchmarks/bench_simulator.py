@@ -3,7 +3,8 @@
 Both simulate ``--requests`` Poisson arrivals at ``--rate`` req/s on a fixed fleet of ``--replicas``
 GPUs with chat-like lengths:
 
-- ``leadscale``: ``simulator.engine.simulate`` on ``builtin:poisson`` (lognormal lengths: prompt mean
+- ``leadscale``: ``simulator.engine.simulate`` (the compiled engine; ``engine='python'``, the reference,
+  also measured) on ``builtin:poisson`` (lognormal lengths: prompt mean
   1155 / median 512, output mean 211 / median 128), profile ``--profile``: vLLM v1 step rules per
   replica (chunked prefill, paged KV, preemption, least-outstanding-tokens routing);
 - ``vllm-sr-sim``: ``vllm-sr-sim simulate --cdf azure_cdf.json --lam RATE --n-s REPLICAS --n-l 0
@@ -33,20 +34,24 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
-def bench_leadscale(requests: int, rate: float, replicas: int, profile: str, repeat: int) -> dict[str, float]:
+def bench_leadscale(requests: int, rate: float, replicas: int, profile: str, repeat: int,
+                    engine: str = "compiled") -> dict[str, float]:
     from simulator.engine import simulate
     from simulator.profiles import get_profile
     from simulator.synthetic import builtin
 
     w = builtin("poisson", seed=0, rate=rate, duration=requests / rate)
     prof = get_profile(profile)
+    cpu = time.process_time()  # start-up: numba loads its cached machine code (or compiles, once per install)
+    simulate(builtin("poisson", seed=0, rate=1.0, duration=5.0), prof, replicas=replicas, engine=engine)
+    startup = time.process_time() - cpu
     best, summary = float("inf"), {}
     for _ in range(repeat):
         cpu = time.process_time()
-        res = simulate(w, prof, replicas=replicas)
+        res = simulate(w, prof, replicas=replicas, engine=engine)
         best = min(best, time.process_time() - cpu)
         summary = res.summary()
-    return {"requests": len(w), "cpu_s": best, "requests_per_cpu_s": len(w) / best,
+    return {"requests": len(w), "cpu_s": best, "startup_cpu_s": startup, "requests_per_cpu_s": len(w) / best,
             "completed": summary["completed"], "ttft_p99": summary["ttft_p99"], "kv_usage_max": summary["kv_usage_max"],
             "simulated_s": summary["duration_s"]}
 
@@ -75,6 +80,22 @@ def bench_vllm_sr_sim(requests: int, rate: float, replicas: int, repeat: int) ->
     return {"requests": requests, "cpu_s": cpu, "startup_cpu_s": startup, "requests_per_cpu_s": requests / cpu}
 
 
+def growth(args: argparse.Namespace) -> int:
+    """CPU seconds per 100k requests as requests and replicas grow (flat = linear in requests)."""
+    per = args.rate / args.replicas
+    print(f"CPU s per 100k requests ({args.profile}; compiled / python engine)")
+    for n in (args.requests // 4, args.requests, args.requests * 4):
+        row = [bench_leadscale(n, args.rate, args.replicas, args.profile, 1, engine=e) for e in ("compiled", "python")]
+        print(f"  {n:>8d} requests at {args.rate:g}/s on {args.replicas:>2d} replicas: "
+              + " / ".join(f"{r['cpu_s'] / r['requests'] * 1e5:6.2f}" for r in row))
+    for reps in (args.replicas // 2, args.replicas, args.replicas * 2, args.replicas * 4):
+        row = [bench_leadscale(args.requests, per * reps, reps, args.profile, 1, engine=e)
+               for e in ("compiled", "python")]
+        print(f"  {args.requests:>8d} requests at {per * reps:g}/s on {reps:>2d} replicas: "
+              + " / ".join(f"{r['cpu_s'] / r['requests'] * 1e5:6.2f}" for r in row))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=100_000)
@@ -83,22 +104,34 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", default="h100-llama3-8b")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--growth", action="store_true",
+                        help="how CPU time grows: x4 requests at a fixed load, then x2 replicas at a fixed load per "
+                             "replica (both engines; no peer)")
     args = parser.parse_args(argv)
+    if args.growth:
+        return growth(args)
     ours = bench_leadscale(args.requests, args.rate, args.replicas, args.profile, args.repeat)
+    ref = bench_leadscale(args.requests, args.rate, args.replicas, args.profile, args.repeat, engine="python")
+    if (ours["completed"], ours["ttft_p99"]) != (ref["completed"], ref["ttft_p99"]):
+        raise SystemExit(f"compiled and Python engines disagree: {ours} vs {ref}")
     peer = bench_vllm_sr_sim(args.requests, args.rate, args.replicas, args.repeat)
-    out = {"leadscale": ours, "vllm-sr-sim": peer,
+    out = {"leadscale": ours, "leadscale-python": ref, "vllm-sr-sim": peer,
            "ratio": ours["requests_per_cpu_s"] / peer["requests_per_cpu_s"] if peer else None,
+           "ratio_python": ref["requests_per_cpu_s"] / peer["requests_per_cpu_s"] if peer else None,
            "setup": {"requests": args.requests, "rate": args.rate, "replicas": args.replicas, "profile": args.profile}}
     if args.json:
         print(json.dumps(out, indent=2))
         return 0
     print(f"{args.requests} requests at {args.rate:g}/s on {args.replicas} replicas ({args.profile})")
-    print(f"  leadscale   {ours['requests_per_cpu_s']:10.0f} req/CPU-s  ({ours['cpu_s']:.2f} s; ttft p99 "
-          f"{ours['ttft_p99']:.3f} s, kv max {ours['kv_usage_max']:.2f})")
+    print(f"  leadscale   {ours['requests_per_cpu_s']:10.0f} req/CPU-s  ({ours['cpu_s']:.2f} s after "
+          f"{ours['startup_cpu_s']:.2f} s start-up; ttft p99 {ours['ttft_p99']:.3f} s, "
+          f"kv max {ours['kv_usage_max']:.2f})")
+    print(f"  (python)    {ref['requests_per_cpu_s']:10.0f} req/CPU-s  ({ref['cpu_s']:.2f} s: engine='python', "
+          "the reference, same results)")
     if peer:
         print(f"  vllm-sr-sim {peer['requests_per_cpu_s']:10.0f} req/CPU-s  ({peer['cpu_s']:.2f} s after "
               f"{peer['startup_cpu_s']:.2f} s start-up)")
-        print(f"  ratio       {out['ratio']:.2f}x")
+        print(f"  ratio       {out['ratio']:.2f}x  (python engine: {out['ratio_python']:.2f}x)")
     else:
         print("  vllm-sr-sim not installed (pip install vllm-sr-sim): no ratio")
     return 0

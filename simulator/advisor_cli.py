@@ -67,6 +67,18 @@ def add_tune_arguments(parser: argparse.ArgumentParser, model_required: bool = F
                    help="replicas of the fixed stage reported before any autoscaling advice (default 2)")
     g.add_argument("--min-replicas", type=int, default=1, help="minReplicaCount (default 1)")
     g.add_argument("--max-replicas", type=int, default=100, help="maxReplicaCount (default 100)")
+    d = parser.add_argument_group("many machines and resume (simulator.tune_jobs, docs/advisor.md)")
+    d.add_argument("--backend", choices=("local", "rdb"), default="local",
+                   help="who simulates the runs: local processes (default) or workers sharing --storage "
+                        "(leadscale tune-worker, e.g. Kubernetes Jobs); the result is the same")
+    d.add_argument("--storage", default=None, metavar="URL",
+                   help="optuna RDB storage recording every run (sqlite:///tune.db, postgresql://...)")
+    d.add_argument("--study", default="leadscale-tune", help="study name in --storage (default leadscale-tune)")
+    d.add_argument("--resume", nargs="?", const="yes", choices=("yes", "auto"), default=None,
+                   help="continue the stopped --study: recorded runs are not simulated again; --resume=auto "
+                        "also starts it when it does not exist (a Job that may be restarted)")
+    d.add_argument("--worker-timeout", type=float, default=900.0, metavar="S",
+                   help="--backend rdb: fail when no worker finishes a run for S seconds (default 900)")
     m = parser.add_argument_group("manifests")
     if model_required:
         m.add_argument("--model", required=True, help="vLLM served model name (the model_name label)")
@@ -104,6 +116,34 @@ def register(subparsers: Any) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of every random draw (default 0)")
     add_tune_arguments(advise, model_required=True)
     advise.set_defaults(func=run_advise)
+    worker = subparsers.add_parser("tune-worker", help="simulate the runs of a tune/advise --backend rdb study",
+                                   description="Claims runs of --study from --storage one at a time, simulates "
+                                   "them, writes their summaries; exits when the study is finished or nothing "
+                                   "came for --idle-exit seconds. Start as many as you like (docs/advisor.md: "
+                                   "a Kubernetes Job).")
+    worker.add_argument("--storage", required=True, metavar="URL", help="the coordinator's --storage")
+    worker.add_argument("--study", default="leadscale-tune", help="the coordinator's --study")
+    worker.add_argument("--idle-exit", type=float, default=300.0, metavar="S",
+                        help="exit after S seconds without a run to do (default 300)")
+    worker.add_argument("--max-runs", type=int, default=None, metavar="N", help="exit after N runs")
+    worker.set_defaults(func=run_worker)
+
+
+def run_worker(args: argparse.Namespace) -> int:
+    from simulator.tune_jobs import StudyError, work
+
+    try:
+        if not (math.isfinite(args.idle_exit) and args.idle_exit >= 0):
+            raise ValueError(f"--idle-exit {args.idle_exit!r}: expected a finite number of seconds >= 0")
+        if args.max_runs is not None and args.max_runs < 1:
+            raise ValueError(f"--max-runs {args.max_runs!r}: expected an integer >= 1")
+        done = work(args.storage, args.study, args.idle_exit, args.max_runs,
+                    say=lambda m: print(f"leadscale tune-worker: {m}", file=sys.stderr, flush=True))
+    except (ValueError, StudyError, KeyError, OSError) as exc:
+        print(f"leadscale tune-worker: {exc}", file=sys.stderr)
+        return 2
+    print(f"leadscale tune-worker: {done} runs done", file=sys.stderr)
+    return 0
 
 
 def run_tune(args: argparse.Namespace) -> int:
@@ -113,7 +153,7 @@ def run_tune(args: argparse.Namespace) -> int:
         inputs = build_run_inputs(args)
         return _tune_and_write(args, inputs.workload, inputs.profile, inputs.slo_ttft_s, inputs.slo_tpot_s,
                                inputs.seed, "leadscale tune", None)
-    except (ValueError, KeyError, OSError) as exc:
+    except (ValueError, KeyError, OSError) as exc:  # tune_jobs.StudyError is a ValueError
         print(f"leadscale tune: {exc.args[0] if isinstance(exc, KeyError) else exc}", file=sys.stderr)
         return 2
 
@@ -148,6 +188,54 @@ def run_advise(args: argparse.Namespace) -> int:
     except (ValueError, KeyError, OSError, history.HistoryError) as exc:
         print(f"leadscale advise: {exc.args[0] if isinstance(exc, KeyError) else exc}", file=sys.stderr)
         return 2
+
+
+def _runner(args: argparse.Namespace, inputs: Any, baselines: list[str]) -> tuple[Any, Any]:
+    """What evaluates the runs: local processes, recorded in (and resumed from) --storage, or its workers."""
+    from simulator.tune_jobs import JobStore, Recorded
+    from simulator.tuner import Pool
+
+    if args.storage is None:
+        for flag, given in (("--backend rdb", args.backend == "rdb"), ("--resume", args.resume)):
+            if given:
+                raise ValueError(f"{flag} needs --storage URL (an optuna RDB storage, e.g. sqlite:///tune.db or "
+                                 "postgresql://user:pass@host/db)")
+        return None, None
+    if not (math.isfinite(args.worker_timeout) and args.worker_timeout > 0):
+        raise ValueError(f"--worker-timeout {args.worker_timeout!r}: expected a finite number of seconds > 0")
+    store = JobStore(args.storage, args.study)
+    store.create(inputs, args.resume, extra={"trials": args.trials, "batch": args.batch, "top": args.top,
+                                             "seeds": args.seeds, "baselines": baselines})
+
+    def runner(inp: Any, jobs: int) -> Recorded:
+        return Recorded(Pool(inp, jobs), store, queue=args.backend == "rdb", worker_timeout_s=args.worker_timeout)
+
+    if args.backend == "rdb":
+        _say(args, f"runs go to study {args.study!r}: start workers with leadscale tune-worker --storage URL "
+                   f"--study {args.study}")
+    return runner, store
+
+
+class _TrialBar:
+    """tqdm over the search: trials done, the best GPU-hours meeting the target so far, ETA (a terminal
+    only; elsewhere the "trial k/N" lines)."""
+
+    def __init__(self, trials: int) -> None:
+        from tqdm import tqdm
+
+        self.bar = tqdm(total=trials, desc="tune", unit="trial", file=sys.stderr, disable=None, dynamic_ncols=True)
+        self.quiet = bool(self.bar.disable)
+
+    def __enter__(self) -> _TrialBar:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.bar.close()
+
+    def update(self, done: int, total: int, best: float | None) -> None:
+        self.bar.set_postfix_str(f"best {best:.3f} GPU-h" if best is not None else "best: none meets the target yet",
+                                 refresh=False)
+        self.bar.update(done - self.bar.n)
 
 
 def drain_advice(run: Any) -> dict[str, Any]:
@@ -209,13 +297,19 @@ def _tune_and_write(args: argparse.Namespace, workload: Any, profile: Any, slo_t
                         args.min_replicas, args.max_replicas)
     started = time.perf_counter()
     jobs = args.jobs or (os.cpu_count() or 1)
+    runner, store = _runner(args, inputs, baselines)
     _say(args, f"one replica at the SLO and a fixed {args.fixed_stage}-replica stage")
     stage = stage_report(workload, profile, slo_ttft_s, slo_tpot_s, seed, replicas=args.fixed_stage)
-    result = tune(inputs, trials=args.trials, jobs=jobs, batch=args.batch,
-                  top=args.top, seeds=args.seeds, baselines=baselines, progress=lambda m: _say(args, m))
+    with _TrialBar(args.trials) as bar:
+        result = tune(inputs, trials=args.trials, jobs=jobs, batch=args.batch, top=args.top, seeds=args.seeds,
+                      baselines=baselines, progress=lambda m: _say(args, m) if bar.quiet else None,
+                      runner=runner, on_trial=bar.update)
     limits = queue_limit.candidates(workload, profile, slo_ttft_s)
     _say(args, f"gateway queue limits {', '.join(f'{x:g}' for x in limits)} tokens/replica and none")
-    limit_results = limit_runs(inputs, result.best.settings, [*limits, None], jobs)
+    limit_results = limit_runs(inputs, result.best.settings, [*limits, None], jobs, runner=runner)
+    if store is not None:
+        store.finish()  # workers exit
+        _say(args, f"study {args.study!r} in {args.storage}: {store.reused} runs taken from the record")
     limit = queue_limit.recommend([queue_limit.judge(x, r, slo_ttft_s) for x, r in zip([*limits, None], limit_results,
                                                                                        strict=True)],
                                   workload, profile, slo_ttft_s, args.target)

@@ -37,6 +37,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -371,12 +372,45 @@ class Engine:
         return any(not r.idle for r in self.replicas.values())
 
 
+ENGINES = ("auto", "compiled", "python")
+
+
 def simulate(workload: Workload, profile: PerformanceProfile, replicas: int = 1, router: str = "auto",
              seed: int = 0, progress: Callable[[int], None] | None = None,
-             waiting_tokens_limit: float | None = None) -> SimulationResult:
-    """A fixed fleet of ``replicas`` serving ``workload`` from time 0; pure for a given seed."""
+             waiting_tokens_limit: float | None = None, engine: str = "auto") -> SimulationResult:
+    """A fixed fleet of ``replicas`` serving ``workload`` from time 0; pure for a given seed.
+
+    ``engine``: ``python`` runs this module's ``Engine`` (the reference); ``compiled`` the same model
+    compiled (``simulator.fast_engine``: least-tokens or round-robin routing, no prefix blocks); ``auto``
+    (default) the compiled one where it applies and numba imports, else the reference. Results are
+    bit-identical either way.
+    """
     if not (isinstance(replicas, int) and replicas >= 1):
         raise ValueError(f"replicas={replicas!r}: must be an integer >= 1")
+    if engine not in ENGINES:
+        raise ValueError(f"engine={engine!r}: must be one of {list(ENGINES)}")
     config = EngineConfig(router=router, seed=seed, waiting_tokens_limit=waiting_tokens_limit)
-    engine = Engine(workload, profile, config, initial_replicas=replicas)
-    return engine.run(progress=progress)
+    if engine != "python":
+        fast = _compiled(workload, router, required=engine == "compiled")
+        if fast is not None:
+            return fast.simulate_fixed(workload, profile, replicas, router=router, progress=progress,
+                                       waiting_tokens_limit=waiting_tokens_limit, kv_sample_s=config.kv_sample_s,
+                                       horizon_s=config.horizon_s)
+    return Engine(workload, profile, config, initial_replicas=replicas).run(progress=progress)
+
+
+def _compiled(workload: Workload, router: str, required: bool) -> Any:
+    """The ``fast_engine`` module when it can run this simulation (None: use ``Engine``)."""
+    try:
+        from simulator import fast_engine
+    except ImportError as exc:  # numba missing or broken: the reference engine still runs
+        if required:
+            raise ValueError(f"engine='compiled': numba is not importable ({exc}); pip install numba") from None
+        return None
+    if fast_engine.supports(workload, router):
+        return fast_engine
+    if required:
+        raise ValueError(f"engine='compiled': router={router!r}"
+                         f"{' on a workload with prefix blocks' if workload.block_ids is not None else ''} is not "
+                         f"compiled (allowed: routers {list(fast_engine.FAST_ROUTERS)}, no prefix blocks)")
+    return None

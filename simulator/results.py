@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -119,10 +120,6 @@ class RequestLog:
 
     def __post_init__(self) -> None:
         n = self.arrival_s.size
-        # Python-list mirrors for the hot loop's scalar reads (numpy scalar access is slower)
-        self.arrival_l: list[float] = self.arrival_s.tolist()
-        self.input_l: list[int] = self.input_tokens.tolist()
-        self.tokens_l: list[int] = (self.input_tokens + self.output_tokens).tolist()
         self.first_scheduled_s = np.full(n, np.nan)
         self.first_token_s = np.full(n, np.nan)
         self.finish_s = np.full(n, np.nan)
@@ -133,6 +130,20 @@ class RequestLog:
 
     def __len__(self) -> int:
         return int(self.arrival_s.size)
+
+    # Python-list mirrors for the Python engine's scalar reads (numpy scalar access is slower); built on
+    # first use, so the compiled engine (which never reads them) spends no memory on them
+    @cached_property
+    def arrival_l(self) -> list[float]:
+        return self.arrival_s.tolist()
+
+    @cached_property
+    def input_l(self) -> list[int]:
+        return self.input_tokens.tolist()
+
+    @cached_property
+    def tokens_l(self) -> list[int]:
+        return (self.input_tokens + self.output_tokens).tolist()
 
     def write_csv(self, path: Path) -> None:
         """One row per request; empty cells where an event did not happen."""

@@ -292,8 +292,15 @@ class Pool:
 
 # --- the search ------------------------------------------------------------------------------------
 def tune(inputs: TuneInputs, trials: int = 30, jobs: int = 2, batch: int = 2, top: int = 3, seeds: int = 3,
-         baselines: Sequence[str] = DEFAULT_BASELINES, progress: Callable[[str], None] | None = None) -> TuneResult:
-    """Search, re-evaluate the best ``top`` over ``seeds`` seeds on both windows, compare baselines."""
+         baselines: Sequence[str] = DEFAULT_BASELINES, progress: Callable[[str], None] | None = None,
+         runner: Callable[[TuneInputs, int], Any] | None = None,
+         on_trial: Callable[[int, int, float | None], None] | None = None) -> TuneResult:
+    """Search, re-evaluate the best ``top`` over ``seeds`` seeds on both windows, compare baselines.
+
+    ``runner(inputs, jobs)`` makes what evaluates the runs (default ``Pool``: local processes; see
+    ``tune_jobs.Recorded`` for a shared study and workers); ``on_trial(done, trials, best)`` follows the
+    search (``best``: the fewest GPU-hours of a trial meeting the target so far, None before one does).
+    """
     import optuna
 
     for name, value, low in (("trials", trials, 1), ("batch", batch, 1), ("top", top, 1), ("seeds", seeds, 1)):
@@ -313,7 +320,8 @@ def tune(inputs: TuneInputs, trials: int = 30, jobs: int = 2, batch: int = 2, to
     space = search_space(inputs.cold_start)
     study.enqueue_trial(default_point(space))
     found: list[Candidate] = []
-    with Pool(inputs, jobs) as pool:
+    best_so_far: float | None = None
+    with (runner or Pool)(inputs, jobs) as pool:
         while len(found) < trials:
             asked = [study.ask() for _ in range(min(batch, trials - len(found)))]
             chosen = [suggest(t, space) for t in asked]
@@ -326,7 +334,11 @@ def tune(inputs: TuneInputs, trials: int = 30, jobs: int = 2, batch: int = 2, to
                     trial.set_constraint("slo_attainment", violation)
                 study.tell(trial, run.gpu_hours)
                 found.append(Candidate(s, trial.number, run))
+                if violation <= 0 and (best_so_far is None or run.gpu_hours < best_so_far):
+                    best_so_far = run.gpu_hours
             say(f"trial {len(found)}/{trials}")
+            if on_trial is not None:
+                on_trial(len(found), trials, best_so_far)
         robust = _shortlist(found, inputs.target, top)
         run_seeds = [inputs.seed + k for k in range(seeds)]
         for c in robust:
@@ -371,10 +383,10 @@ def _pick(robust: Sequence[Candidate], target: float) -> Candidate:
 
 
 def limit_runs(inputs: TuneInputs, settings: Settings, limits: Sequence[float | None], jobs: int = 2,
-               window: str = "holdout") -> list[Any]:
+               window: str = "holdout", runner: Callable[[TuneInputs, int], Any] | None = None) -> list[Any]:
     """One run of ``settings`` per gateway limit (None: no limit) on ``window``, starting from half the
     warm fleet so that replicas start at once (``simulator.queue_limit``); full ``AutoscaleResult``s."""
     plan = [(settings, window, inputs.seed, True, {"waiting_tokens_limit": limit, "initial_fraction": 0.5})
             for limit in limits]
-    with Pool(inputs, min(jobs, len(plan))) as pool:
+    with (runner or Pool)(inputs, min(jobs, len(plan))) as pool:
         return [full for _, full in pool.map(plan)]

@@ -53,3 +53,22 @@ def test_examples_do_not_disturb_the_chart() -> None:
     assert report["errors"] == []
     rendered = helm_python.Chart.load(CHART).render({}, name="leadscale", namespace="keda")
     assert not any("examples" in path for path in rendered)
+
+
+def test_the_tune_jobs_example_is_valid_and_runs_our_own_flags() -> None:
+    import shlex
+
+    from scaler.cli import build_parser
+
+    docs = load("tune-jobs.yaml")
+    for doc in docs:
+        for version in KUBE_VERSIONS:
+            kubernetes_validate.validate(doc, version, strict=True)
+    jobs = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Job"}
+    (coordinator,) = jobs["leadscale-tune"]["spec"]["template"]["spec"]["containers"]
+    (worker,) = jobs["leadscale-tune-workers"]["spec"]["template"]["spec"]["containers"]
+    parser = build_parser()
+    tune = parser.parse_args(shlex.split(coordinator["args"][0].replace('"$STORAGE"', "postgresql://x"))[1:])
+    work = parser.parse_args(shlex.split(worker["args"][0].replace('"$STORAGE"', "postgresql://x"))[1:])
+    assert (tune.backend, tune.resume, tune.study) == ("rdb", "auto", work.study)
+    assert tune.storage == work.storage == "postgresql://x"

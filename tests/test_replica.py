@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -11,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from simulator import replica as replica_mod
-from simulator.engine import simulate
+from simulator.engine import simulate as _simulate
 from simulator.kv_cache import MemoryLedger
 from simulator.profiles import PerformanceProfile, get_profile
 from simulator.replica import COMP, ID, LEFT, NEW, NTOK
@@ -19,6 +20,9 @@ from simulator.results import FINISHED
 from simulator.step_time import LinearStepTime
 from simulator.workload import Workload
 
+# The Replica classes themselves (the reference: these tests patch and inspect them); the compiled
+# engine is held to them in test_fast_engine.
+simulate = partial(_simulate, engine="python")
 STEP = LinearStepTime(overhead_s=0.001, floor_s=0.007, intercept_s=0.005, per_token_s=2e-5, per_seq_s=1e-5,
                       per_context_token_s=5e-8, prefill_attention_s=1e-9)
 

@@ -1,0 +1,156 @@
+"""Pinned results: the replica model and the autoscaled loop give these exact numbers for these seeds.
+
+Speed work must not change what the simulator says. Each case runs a small workload and hashes the
+per-request columns that every summary is computed from (first token, finish, first scheduled,
+status, replica, preemptions; floats rounded to 1e-9 s so that a harmless change of float rounding
+does not trip it) and pins a few summary values. The digests were computed before the speed work of
+issue 15 (``python tests/test_sim_regression.py`` prints them); a change that alters a result, on
+purpose or not, fails here and must update them with a reason in its commit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+if __name__ == "__main__":  # printing the digests: run from the repository root
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from simulator.engine import simulate
+from simulator.profiles import get_profile
+from simulator.synthetic import builtin
+from simulator.workload import Workload, select_window
+
+TRACES = Path(__file__).resolve().parent.parent.parent / "shared" / "traces"
+
+
+def _columns_digest(log: Any) -> str:
+    h = hashlib.sha256()
+    for col in (log.first_token_s, log.finish_s, log.first_scheduled_s):
+        h.update(np.round(np.nan_to_num(col, nan=-1.0), 9).tobytes())
+    for col in (log.status, log.replica, log.preemptions, log.generated):
+        h.update(np.ascontiguousarray(col, dtype=np.int64).tobytes())
+    return h.hexdigest()[:16]
+
+
+def _ttft_digest(arrival: np.ndarray, ttft: np.ndarray, status: np.ndarray | None) -> str:
+    h = hashlib.sha256()
+    h.update(np.round(np.nan_to_num(ttft, nan=-1.0), 9).tobytes())
+    if status is not None:
+        h.update(np.ascontiguousarray(status, dtype=np.int64).tobytes())
+    return h.hexdigest()[:16]
+
+
+def _fixed(w: Workload, profile: str, replicas: int, **kw: Any) -> tuple[str, dict[str, Any]]:
+    res = simulate(w, get_profile(profile), replicas=replicas, **kw)
+    s = res.summary()
+    return _columns_digest(res.log), {k: s[k] for k in ("completed", "preemptions", "ttft_p99", "itl_p50",
+                                                        "kv_usage_max", "duration_s")}
+
+
+def _mooncake() -> Workload:
+    from simulator.readers import load_trace
+
+    return select_window(load_trace(TRACES / "mooncake_synthetic.jsonl"), 0, 600)
+
+
+def _autoscaled(policy: str) -> tuple[str, dict[str, Any]]:
+    from simulator.autoscale import run_autoscaled
+
+    w = builtin("default", seed=3, rate=12.0, duration=900.0)
+    res = run_autoscaled(w, get_profile("h100-llama3-8b"), policy, "lognormal:p50=60,p90=120", 2.0, 3)
+    s = res.summary
+    return _ttft_digest(res.arrival_s, res.ttft_s, res.status), {k: s.get(k) for k in ("gpu_hours", "ttft_p95",
+                                                                                        "slo_attainment")}
+
+
+CASES: dict[str, Callable[[], tuple[str, dict[str, Any]]]] = {
+    "poisson-30-2rep": lambda: _fixed(builtin("poisson", seed=0, rate=30.0, duration=120.0), "h100-llama3-8b", 2),
+    "poisson-100-10rep": lambda: _fixed(builtin("poisson", seed=1, rate=100.0, duration=60.0), "h100-llama3-8b", 10),
+    "overload-preempt-a100": lambda: _fixed(builtin("poisson", seed=2, rate=14.0, duration=90.0), "a100-llama3-8b", 1),
+    "gamma-random-router": lambda: _fixed(builtin("gamma", seed=4, rate=40.0, duration=60.0, cv=3.0),
+                                          "h100-llama3-8b", 3, router="random", seed=7),
+    "round-robin-70b": lambda: _fixed(builtin("default", seed=5, rate=6.0, duration=120.0), "a100-llama2-70b-tp4", 2,
+                                      router="round-robin"),
+    "waiting-limit": lambda: _fixed(builtin("poisson", seed=6, rate=60.0, duration=60.0), "h100-llama3-8b", 1,
+                                    waiting_tokens_limit=20_000.0),
+    "mooncake-prefix": lambda: _fixed(_mooncake(), "h100-llama3-8b", 3),
+    "mooncake-prefix-preempt": lambda: _fixed(_mooncake(), "h100-llama3-8b", 1),
+    "preempt-heavy": lambda: _fixed(builtin("poisson", seed=8, rate=80.0, duration=60.0), "h100-llama3-8b", 1),
+    "bursty-preempt-2rep": lambda: _fixed(builtin("default", seed=9, rate=40.0, duration=120.0), "h100-llama3-8b", 2),
+    "autoscaled-leadscale": lambda: _autoscaled("leadscale"),
+    "autoscaled-waiting-requests": lambda: _autoscaled("waiting-requests"),
+}
+
+# name -> (digest of the per-request columns or TTFTs, pinned summary values); computed before issue 15
+PINNED: dict[str, tuple[str, dict[str, Any]]] = {
+    'poisson-30-2rep': ('453c530634b809e1', {
+        'completed': 3602, 'preemptions': 0, 'ttft_p99': 0.16629690538702066, 'itl_p50': 0.013883533099290456,
+        'kv_usage_max': 0.26060865837976854, 'duration_s': 134.97849111165525,
+    }),
+    'poisson-100-10rep': ('53e83e46caa90961', {
+        'completed': 5986, 'preemptions': 0, 'ttft_p99': 0.12673150784089876, 'itl_p50': 0.010292005271944286,
+        'kv_usage_max': 0.097621088726961, 'duration_s': 74.63179166912218,
+    }),
+    'overload-preempt-a100': ('ca14c7e5680890c3', {
+        'completed': 1249, 'preemptions': 0, 'ttft_p99': 55.679535106429356, 'itl_p50': 0.1747833262418219,
+        'kv_usage_max': 0.7662470108313405, 'duration_s': 180.72469625199557,
+    }),
+    'gamma-random-router': ('c529a8e4c15e06bb', {
+        'completed': 2380, 'preemptions': 0, 'ttft_p99': 0.38892917471969146, 'itl_p50': 0.012232071190499313,
+        'kv_usage_max': 0.31561651664523505, 'duration_s': 78.85812094968288,
+    }),
+    'round-robin-70b': ('05db14803e36566a', {
+        'completed': 811, 'preemptions': 0, 'ttft_p99': 41.095889265301615, 'itl_p50': 0.13883533099290457,
+        'kv_usage_max': 0.579215519775303, 'duration_s': 256.88716077095916,
+    }),
+    'waiting-limit': ('fe1fb177dd18380e', {
+        'completed': 1555, 'preemptions': 29, 'ttft_p99': 1.3346119024572836, 'itl_p50': 0.05922430868761305,
+        'kv_usage_max': 0.9997856836690956, 'duration_s': 86.0557026701654,
+    }),
+    'mooncake-prefix': ('1ec3124f9bc002a7', {
+        'completed': 2251, 'preemptions': 0, 'ttft_p99': 4.124327258544554, 'itl_p50': 0.01017419366180605,
+        'kv_usage_max': 0.4072724674953565, 'duration_s': 604.8997820038899,
+    }),
+    'mooncake-prefix-preempt': ('df22dc83d2c1a1a2', {
+        'completed': 2251, 'preemptions': 875, 'ttft_p99': 1071.2837349472072, 'itl_p50': 0.2526387710131898,
+        'kv_usage_max': 0.999499928561223, 'duration_s': 1681.3997758068217,
+    }),
+    'preempt-heavy': ('9db4767caf49f24a', {
+        'completed': 4822, 'preemptions': 161, 'ttft_p99': 172.8569888280549, 'itl_p50': 0.06878599123088075,
+        'kv_usage_max': 0.9996428061151593, 'duration_s': 261.0063732826157,
+    }),
+    'bursty-preempt-2rep': ('6858787dd06a585a', {
+        'completed': 5055, 'preemptions': 106, 'ttft_p99': 21.565918178254172, 'itl_p50': 0.04926063433495773,
+        'kv_usage_max': 0.9998928418345477, 'duration_s': 157.86273425916093,
+    }),
+    'autoscaled-leadscale': ('c125a3fcd3962c08', {
+        'gpu_hours': 0.41687847315525783, 'ttft_p95': 0.21541775643913744, 'slo_attainment': 0.9998197711093089,
+    }),
+    'autoscaled-waiting-requests': ('cf723521afc784e4', {
+        'gpu_hours': 1.0640987910882624, 'ttft_p95': 2.581148868485544, 'slo_attainment': 0.92502478147247,
+    }),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_results_are_pinned(name: str) -> None:
+    if name == "mooncake-prefix" and not (TRACES / "mooncake_synthetic.jsonl").exists():
+        from tests.conftest import require
+
+        require(False, f"the Mooncake trace {TRACES / 'mooncake_synthetic.jsonl'}")
+    digest, values = CASES[name]()
+    want_digest, want_values = PINNED[name]
+    assert values == pytest.approx(want_values, rel=1e-9, abs=1e-12)
+    assert digest == want_digest, f"{name}: per-request results changed ({digest} != {want_digest})"
+
+
+if __name__ == "__main__":
+    for case, fn in CASES.items():
+        print(f"    {case!r}: {fn()!r},")  # paste into PINNED (ruff format wraps the lines)
