@@ -65,7 +65,8 @@ MAPS = st.one_of(
 
 
 class AnyModelSource:
-    """Measures any target: a steady, model-dependent load, built only after the target's PromQL is built."""
+    """Measures any target: a steady, model-dependent load, built only after the target's PromQL is built, and
+    the engine's KV cache as vLLM's ``cache_config_info`` reports it (so ``kvCacheTokens`` stays optional)."""
 
     def fetch(self, targets: Sequence[Target], now: float) -> dict[Target, Signals | SourceError]:
         out: dict[Target, Signals | SourceError] = {}
@@ -74,7 +75,7 @@ class AnyModelSource:
             load = float(zlib.crc32(t.model.encode()) % 50_000)
             out[t] = Signals(at=now, prompt_tokens_per_s=load, generation_tokens_per_s=load / 5,
                              requests_waiting=float(load > 25_000) * 7, requests_running=min(load / 100, 64.0),
-                             ready_replicas=1, data_age_s=1.0)
+                             ready_replicas=1, data_age_s=1.0, kv_cache_tokens=200_000.0)
         return out
 
 
