@@ -281,8 +281,9 @@ def test_a_prometheus_that_saw_less_than_half_the_window_is_warming_up_for_every
 
 def test_the_window_check_asks_prometheus_about_the_older_half() -> None:
     queries = group_queries(["m"], {}, 60)
-    assert queries["observed_window"] == "count(count_over_time(up[30s] offset 30s)) or count(up) * 0"
-    long = group_queries(["m"], {}, 3600)  # any sample before the middle will do: two minutes of them at most
+    # any sample in the window's length before its middle: a starved scrape loop's gaps are no restart
+    assert queries["observed_window"] == "count(count_over_time(up[60s] offset 30s)) or count(up) * 0"
+    long = group_queries(["m"], {}, 3600)  # two minutes of samples at most
     assert long["observed_window"] == "count(count_over_time(up[120s] offset 1800s)) or count(up) * 0"
 
 

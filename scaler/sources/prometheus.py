@@ -103,9 +103,11 @@ def group_queries(models: Sequence[str], matchers: dict[str, list[str]], window_
                          *(f"{name}=~{regex_any_of(values)}" for name, values in sorted(matchers.items()))])
     by = ", ".join(["model_name", *sorted(matchers)])
     window, half = promql_duration(window_s), promql_duration(window_s / 2)
-    # any sample in the 2 minutes (at most) before the window's middle will do: every `up` series costs its
+    # any sample in the window's length (2 minutes at most) before its middle will do: a scrape loop starved
+    # for a while leaves gaps shorter than that and is no restart (a half-window range read "warming up" for
+    # 48 s of a burst on a loaded 2-core machine, 3 s scrapes, 15 s window); every `up` series costs its
     # samples in this range, so a 1 h window must not read 30 min of all of them each round
-    look = promql_duration(min(window_s / 2, OBSERVED_LOOKBACK_S))
+    look = promql_duration(min(window_s, OBSERVED_LOOKBACK_S))
 
     def rate(metric: str) -> str:
         return f"sum by ({by}) (rate({metric}{{{selector}}}[{window}]))"
