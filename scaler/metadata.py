@@ -66,7 +66,7 @@ CORE_POLICY_FIELDS = {
 POLICY_TUNABLES: dict[str, tuple[str, type]] = {
     "backlogDrainSeconds": ("backlog_drain_s", float), "headroomQuantile": ("headroom_quantile", float),
     "headroomHistorySeconds": ("headroom_history_s", float), "trendWindowSeconds": ("trend_window_s", float),
-    "trendConfidence": ("trend_confidence", float),
+    "trendConfidence": ("trend_confidence", float), "leadTimeScale": ("lead_time_scale", float),
 }
 
 

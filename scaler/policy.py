@@ -42,6 +42,7 @@ MIN_WAIT_SHARE = 0.1
 """Share of the TTFT SLO always left for queueing, however long the prompts' own prefill."""
 
 MAX_LEAD_TIME_S = 86_400.0
+MAX_LEAD_TIME_SCALE = 10.0
 """A measured lead time above a day is a broken measurement; it is clipped, not trusted."""
 
 HISTORY_SPACING_S = 15.0
@@ -70,6 +71,10 @@ class PolicyConfig:
     target_utilization: float = 1.0
     """Share of the capacity at the SLO the fleet may plan to use, on top of the measured headroom."""
     lead_time_s: float = 180.0
+    """The lead time when none is measured (``leadTime``); a measured one (``leadTime: auto``) wins."""
+    lead_time_scale: float = 1.0
+    """Look-ahead horizon as a multiple of the lead time (``leadTimeScale``): what ``tune`` searches, so a
+    tuned ScaledObject keeps ``leadTime: auto`` and follows the measured cold start."""
     scale_down_delay_s: float = 300.0
     min_replicas: int = 0
     max_replicas: int = 1000
@@ -106,6 +111,7 @@ class PolicyConfig:
         number("ttft_slo_s", 0.0, math.inf, True, "a finite number > 0")
         number("target_utilization", 0.0, 1.0, True, "a number with 0 < u <= 1")
         number("lead_time_s", 0.0, MAX_LEAD_TIME_S, False, f"a number in [0, {MAX_LEAD_TIME_S:g}]")
+        number("lead_time_scale", 0.0, MAX_LEAD_TIME_SCALE, False, f"a number in [0, {MAX_LEAD_TIME_SCALE:g}]")
         number("scale_down_delay_s", 0.0, math.inf, False, "a finite number >= 0")
         number("activation_threshold", -math.inf, math.inf, False, "a finite number")
         number("backlog_drain_s", 0.0, math.inf, True, "a finite number > 0")
@@ -238,7 +244,7 @@ def decide(signals: Signals, state: PolicyState, config: PolicyConfig, now: floa
         raise ValueError(f"now={now!r}: must be a finite number of seconds")
     cap = config.capacity
     lead = signals.lead_time_s if signals.lead_time_s is not None and signals.lead_time_s >= 0 else None
-    lead_s = min(lead if lead is not None else config.lead_time_s, MAX_LEAD_TIME_S)
+    lead_s = min((lead if lead is not None else config.lead_time_s) * config.lead_time_scale, MAX_LEAD_TIME_S)
 
     # 1. demand as token work: served work plus backlog growth over the rate window (conservation of work)
     waiting_tokens, estimated = _waiting_tokens(signals, config)

@@ -49,8 +49,9 @@ class Settings:
     headroom_quantile: float = 0.75
     """The conformal level of the lead-time headroom (``headroomQuantile``): what ``tune`` searches."""
     target_utilization: float = 1.0
-    lead_time_s: float = 180.0
-    """Look-ahead horizon: how far ahead demand is forecast and starting replicas are expected."""
+    lead_time_scale: float = 1.0
+    """Look-ahead horizon as a multiple of the measured lead time (``leadTimeScale``; the manifest keeps
+    ``leadTime: auto``, so a tuned ScaledObject follows the measured cold start when it changes)."""
     backlog_drain_s: float = 60.0
     scale_down_delay_s: float = 300.0
     scale_up_pods: int = 4
@@ -64,7 +65,7 @@ class Settings:
 
     def __post_init__(self) -> None:
         problems = []
-        checks = (("headroom_quantile", 0.01, 0.99), ("target_utilization", 0.0, 1.0), ("lead_time_s", 0.0, 86400.0),
+        checks = (("headroom_quantile", 0.01, 0.99), ("target_utilization", 0.0, 1.0), ("lead_time_scale", 0.0, 10.0),
                   ("backlog_drain_s", 1e-9, 1e6),
                   ("scale_down_delay_s", 0.0, 7 * 86400.0), ("scale_up_pods", 1, 1000), ("scale_down_pods", 1, 1000),
                   ("scale_down_period_s", 1, 1800), ("scale_down_window_s", 0, 3600), ("tolerance", 0.0, 0.99))
@@ -84,7 +85,8 @@ class Settings:
         return {
             metadata_key("headroom_quantile"): _number(self.headroom_quantile),
             metadata_key("target_utilization"): _number(self.target_utilization),
-            metadata_key("lead_time_s"): _number(self.lead_time_s),
+            metadata_key("lead_time_s"): "auto",
+            metadata_key("lead_time_scale"): _number(self.lead_time_scale),
             metadata_key("backlog_drain_s"): _number(self.backlog_drain_s),
             metadata_key("scale_down_delay_s"): _number(self.scale_down_delay_s),
         }

@@ -187,14 +187,12 @@ def pareto_front(points: Sequence[tuple[float, float]]) -> list[int]:
     return front
 
 
-def search_space(cold_start: str) -> dict[str, tuple[float, float, float]]:
-    """Name -> (low, high, step) of every searched setting; the horizon spans up to 3x the mean cold start."""
-    from simulator.coldstart import as_cold_start
-
-    horizon = max(60.0, 5.0 * round(3.0 * as_cold_start(cold_start).mean() / 5.0))
+def search_space() -> dict[str, tuple[float, float, float]]:
+    """Name -> (low, high, step) of every searched setting; the look-ahead is 0-3x the measured lead time
+    (the p90 of the run's own cold starts, as ``leadTime: auto`` measures it live)."""
     return {
         "headroom_quantile": (0.5, 0.95, 0.01),
-        "lead_time_s": (0.0, horizon, 5.0),
+        "lead_time_scale": (0.0, 3.0, 0.05),
         "backlog_drain_s": (10.0, 300.0, 5.0),
         "scale_down_delay_s": (0.0, 1200.0, 15.0),
         "scale_up_pods": (1, 10, 1),
@@ -317,7 +315,7 @@ def tune(inputs: TuneInputs, trials: int = 30, jobs: int = 2, batch: int = 2, to
                                          **({} if native else {"constraints_func": lambda t: (
                                              float(t.user_attrs.get("violation", 1.0)),)}))
     study = optuna.create_study(direction="minimize", sampler=sampler)
-    space = search_space(inputs.cold_start)
+    space = search_space()
     study.enqueue_trial(default_point(space))
     found: list[Candidate] = []
     best_so_far: float | None = None

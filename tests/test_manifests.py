@@ -24,7 +24,7 @@ from simulator import manifests
 from simulator.manifests import DEFAULT_SETTINGS, Settings
 
 CHART = ROOT / "charts" / "leadscale"
-TUNED = Settings(target_utilization=0.67, lead_time_s=195.0, backlog_drain_s=15.0, scale_down_delay_s=75.0,
+TUNED = Settings(target_utilization=0.67, lead_time_scale=1.3, backlog_drain_s=15.0, scale_down_delay_s=75.0,
                  scale_up_pods=7, scale_down_pods=3, scale_down_period_s=75, scale_down_window_s=30)
 COMMON: dict[str, Any] = dict(model="llama3-8b", profile="a100-llama3-8b", slo_ttft_s=2.0, target="vllm-llama3",
                               min_replicas=1, max_replicas=12)
@@ -70,9 +70,12 @@ def test_a_wrong_scaledobject_is_refused_by_the_crd_schema() -> None:
 
 def test_metadata_parses_back_to_the_simulated_policy() -> None:
     meta = manifests.scaledobject(TUNED, **COMMON)["spec"]["triggers"][0]["metadata"]
-    config = parse_metadata(meta).policy_config()
-    assert (config.target_utilization, config.lead_time_s, config.backlog_drain_s, config.scale_down_delay_s) == \
-        (0.67, 195.0, 15.0, 75.0)
+    parsed = parse_metadata(meta)
+    config = parsed.policy_config()
+    assert (config.target_utilization, config.lead_time_scale, config.backlog_drain_s, config.scale_down_delay_s) == \
+        (0.67, 1.3, 15.0, 75.0)
+    # a tuned ScaledObject keeps following the measured cold start: leadTime stays auto, the scale is tuned
+    assert meta["leadTime"] == "auto" and parsed.lead_time_auto
     assert (config.min_replicas, config.max_replicas) == (1, 12)
     simulated = TUNED.policy("a100-llama3-8b", 2.0, 1, 12)
     assert simulated.policy_config() == config
@@ -84,11 +87,12 @@ def test_metadata_parses_back_to_the_simulated_policy() -> None:
 @given(st.floats(0.05, 1.0), st.floats(0, 3600), st.floats(1, 3600), st.floats(0, 7200), st.integers(1, 20))
 def test_every_setting_survives_the_round_trip_through_metadata(u: float, lead: float, drain: float, delay: float,
                                                                  pods: int) -> None:
-    s = Settings(target_utilization=u, lead_time_s=lead, backlog_drain_s=drain, scale_down_delay_s=delay,
+    lead = lead / 1200  # a look-ahead scale in [0, 3]
+    s = Settings(target_utilization=u, lead_time_scale=lead, backlog_drain_s=drain, scale_down_delay_s=delay,
                  scale_up_pods=pods)
     config = parse_metadata({"model": "m", "profile": "h100-llama3-8b", **s.metadata()}).policy_config()
     assert config.target_utilization == pytest.approx(u, abs=1e-4)
-    assert config.lead_time_s == pytest.approx(lead, abs=1e-4)
+    assert config.lead_time_scale == pytest.approx(lead, abs=1e-4)
     assert config.backlog_drain_s == pytest.approx(drain, abs=1e-4)
     assert config.scale_down_delay_s == pytest.approx(delay, abs=1e-4)
 
@@ -98,7 +102,8 @@ def test_every_setting_survives_the_round_trip_through_metadata(u: float, lead: 
     ({"target_utilization": 1.5}, "target_utilization=1.5"),
     ({"scale_down_period_s": 2000}, "scale_down_period_s=2000"),
     ({"scale_up_pods": 2.5}, "scale_up_pods=2.5: must be an integer"),
-    ({"lead_time_s": float("nan")}, "lead_time_s=nan"),
+    ({"lead_time_scale": float("nan")}, "lead_time_scale=nan"),
+    ({"lead_time_scale": 11.0}, "lead_time_scale=11.0"),
     ({"tolerance": True}, "tolerance=True"),
 ])
 def test_bad_settings_name_the_field(kwargs: dict[str, Any], match: str) -> None:

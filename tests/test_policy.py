@@ -32,7 +32,8 @@ def signals(**overrides: object) -> Signals:
 
 @pytest.mark.parametrize(("field_name", "value"), [
     ("ttft_slo_s", 0.0), ("ttft_slo_s", math.nan), ("target_utilization", 0.0),
-    ("target_utilization", 1.5), ("lead_time_s", -1.0), ("lead_time_s", math.inf),
+    ("target_utilization", 1.5), ("lead_time_s", -1.0), ("lead_time_s", math.inf), ("lead_time_scale", -0.5),
+    ("lead_time_scale", 10.5), ("lead_time_scale", math.nan),
     ("scale_down_delay_s", -5.0), ("min_replicas", -1), ("min_replicas", 1.5), ("max_replicas", 0),
     ("max_replicas", True), ("activation_threshold", math.inf), ("backlog_drain_s", 0.0),
     ("trend_window_s", -1.0), ("trend_confidence", 1.0), ("trend_confidence", 0.0), ("rate_window_s", 0.0),
@@ -110,6 +111,16 @@ def test_bounds_and_activity(sig: dict[str, float], cfg: dict[str, float], desir
 def test_signals_lead_time_overrides_config() -> None:
     assert decide(signals(lead_time_s=42.0), PolicyState(), config(), 0.0).terms["lead_time_s"] == 42.0
     assert decide(signals(), PolicyState(), config(lead_time_s=99.0), 0.0).terms["lead_time_s"] == 99.0
+
+
+def test_the_look_ahead_scale_multiplies_the_measured_lead_time_and_the_configured_one() -> None:
+    measured = decide(signals(lead_time_s=42.0), PolicyState(), config(lead_time_scale=1.5), 0.0)
+    assert measured.terms["lead_time_s"] == 63.0
+    configured = decide(signals(), PolicyState(), config(lead_time_s=100.0, lead_time_scale=0.5), 0.0)
+    assert configured.terms["lead_time_s"] == 50.0
+    # the scale stays a multiple when the measured cold start changes (what a tuned ScaledObject relies on)
+    looks = [decide(signals(lead_time_s=lead), PolicyState(), config(lead_time_scale=2.0), 0.0) for lead in (60, 240)]
+    assert [d.terms["lead_time_s"] for d in looks] == [120.0, 480.0]
 
 
 def test_terms_are_finite_and_reason_is_one_line() -> None:

@@ -80,10 +80,11 @@ def test_pick_takes_the_cheapest_that_holds_up_not_the_search_winner() -> None:
     assert _pick([lucky, candidate(3, 1.0, 0.99, runs=[(1.0, 0.95)])], 0.99).trial == 3
 
 
-def test_search_space_covers_the_defaults_and_scales_the_horizon_with_the_cold_start() -> None:
-    space = search_space("lognormal:p50=120,p90=240")
+def test_search_space_covers_the_defaults_and_scales_the_measured_lead_time() -> None:
+    space = search_space()
     assert Settings(**default_point(space)) == DEFAULT_SETTINGS
-    assert search_space("fixed:600")["lead_time_s"][1] == 1800.0
+    # the look-ahead is a multiple of the measured cold start, never seconds (leadTime: auto survives tuning)
+    assert space["lead_time_scale"] == (0.0, 3.0, 0.05) and "lead_time_s" not in space
     point = suggest(optuna.trial.FixedTrial(default_point(space)), space)
     assert point == DEFAULT_SETTINGS
 
