@@ -31,8 +31,8 @@ DURATION_S = 600.0
 
 
 def p95_at(mix: str, rate: float, profile_name: str, replicas: int, slo: float) -> float:
+    from scaler.profiles import get_profile
     from simulator.engine import simulate
-    from simulator.profiles import get_profile
     from simulator.synthetic import from_spec
 
     w = from_spec(f"builtin:poisson?rate={rate}&duration={DURATION_S}&{MIXES[mix]}", seed=1)
@@ -42,7 +42,7 @@ def p95_at(mix: str, rate: float, profile_name: str, replicas: int, slo: float) 
 
 def units(mix: str, rate: float, profile_name: str, replicas: int, slo: float) -> tuple[float, float, float]:
     """(replica units per replica without / with the decode-context term, mean decode context)."""
-    from simulator.profiles import get_profile
+    from scaler.profiles import get_profile
     from simulator.synthetic import from_spec
 
     w = from_spec(f"builtin:poisson?rate={rate}&duration={DURATION_S}&{MIXES[mix]}", seed=1)

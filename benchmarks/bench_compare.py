@@ -26,7 +26,7 @@ SLO_S = 2.0
 
 def run_one(name: str, trace: Path, load_scale: float, out: Path) -> tuple[dict, float]:
     """One ``leadscale compare`` exactly as the policy-quality check calls it; (policies, wall seconds)."""
-    cmd = [sys.executable, "-m", "scaler.cli", "compare", "--trace", str(trace), "--load-scale", str(load_scale),
+    cmd = [sys.executable, "-m", "leadscale", "compare", "--trace", str(trace), "--load-scale", str(load_scale),
            "--profile", "h100-llama3-8b", "--policies", POLICIES, "--cold-start", "lognormal:p50=120,p90=240",
            "--slo-ttft", str(SLO_S), "--seed", "3", "--out", str(out / name), "--json"]
     started = time.perf_counter()

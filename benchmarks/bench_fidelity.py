@@ -52,7 +52,7 @@ ENGINE = {"ttft_p50": ("vllm:time_to_first_token_seconds", 0.5), "ttft_p95": ("v
 
 
 def leadscale(args: list[str]) -> None:
-    from scaler.cli import main
+    from leadscale.cli import main
 
     rc = main(args)
     if rc != 0:
@@ -113,7 +113,7 @@ def run_setting(setting: str, args: argparse.Namespace, root: Path) -> dict[str,
     from support.tiny_model import create_tiny_model
     from support.vllm_server import VllmServer
 
-    from simulator.profiles import get_profile
+    from scaler.profiles import get_profile
     from simulator.readers import load_trace
 
     seqs, budget = (int(x) for x in setting.split("x"))

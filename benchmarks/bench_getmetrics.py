@@ -68,8 +68,8 @@ def run_server(extra: Sequence[str] = ()) -> int:
     """Child process: ``leadscale serve`` with the fake source; prints the gRPC and metrics ports on stdout."""
     import logging
 
+    from leadscale.cli import build_parser
     from scaler import serve_cli, service, telemetry
-    from scaler.cli import build_parser
 
     args = serve_cli.resolve(build_parser().parse_args(["serve", "--host", "127.0.0.1", "--port", "0",
                                                         "--metrics-port", "0", "--log-level", "WARNING",

@@ -72,7 +72,7 @@ def run_one(name: str, args: list[str], seed: int, out: Path, meta: list[str], r
     path = out / f"{slug(name, seed)}.json"
     if reuse and path.exists():
         return json.loads(path.read_text())["policies"]
-    cmd = [sys.executable, "-m", "scaler.cli", "compare", *args, *FLAGS, "--seed", str(seed), "--policies", POLICIES,
+    cmd = [sys.executable, "-m", "leadscale", "compare", *args, *FLAGS, "--seed", str(seed), "--policies", POLICIES,
            "--out", str(out / slug(name, seed))]
     for item in meta:
         cmd += ["--leadscale-meta", item]

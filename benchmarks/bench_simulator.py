@@ -38,8 +38,8 @@ sys.path.insert(0, str(ROOT))
 
 def bench_leadscale(requests: int, rate: float, replicas: int, profile: str, repeat: int,
                     engine: str = "compiled") -> dict[str, float]:
+    from scaler.profiles import get_profile
     from simulator.engine import simulate
-    from simulator.profiles import get_profile
     from simulator.synthetic import builtin
 
     w = builtin("poisson", seed=0, rate=rate, duration=requests / rate)
@@ -102,8 +102,8 @@ def week(args: argparse.Namespace) -> int:
     """One long run in this process: ``--requests`` Poisson arrivals at ``--rate`` (default for this mode:
     20 M at 33/s, a week) on ``--replicas``, the compiled engine; CPU seconds, peak RSS and the RSS it adds
     per request (the workload's and the per-request log's columns: memory grows with requests)."""
+    from scaler.profiles import get_profile
     from simulator.engine import simulate
-    from simulator.profiles import get_profile
     from simulator.synthetic import builtin
 
     def rss_mib() -> float:

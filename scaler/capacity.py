@@ -1,7 +1,7 @@
 """What one vLLM replica can sustain while meeting its latency SLO.
 
 The policy measures demand in *replica units*: token rates divided by these per-replica rates. The
-numbers come from a named performance profile (``simulator.profiles``), from explicit trigger
+numbers come from a named performance profile (``scaler.profiles``), from explicit trigger
 metadata, or from ``leadscale capacity`` run against a real endpoint.
 """
 

@@ -202,7 +202,7 @@ def _capacity(reader: Reader, ttft_s: float | None) -> tuple[ReplicaCapacity | C
         reader.problem(explicit[0], reader.raw[explicit[0]], both)
         return None, profile
     if profile is not None:
-        from simulator.profiles import get_profile, list_profiles
+        from scaler.profiles import get_profile, list_profiles
 
         known = list(list_profiles())
         if profile not in known:  # names only: metadata must not make the scaler read files by path

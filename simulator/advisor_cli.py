@@ -159,8 +159,8 @@ def run_tune(args: argparse.Namespace) -> int:
 
 
 def run_advise(args: argparse.Namespace) -> int:
+    from scaler.profiles import get_profile
     from simulator import history
-    from simulator.profiles import get_profile
 
     try:
         since = history.parse_duration(args.since, "--since")

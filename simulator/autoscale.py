@@ -93,7 +93,7 @@ def profile_keys(profile: Any, slo_ttft_s: float) -> str | dict[str, str]:
     capacity = profile.capacity(slo_ttft_s)
     name = getattr(profile, "name", None)
     try:
-        from simulator.profiles import get_profile
+        from scaler.profiles import get_profile
 
         if isinstance(name, str) and get_profile(name).capacity(slo_ttft_s) == capacity:
             return name

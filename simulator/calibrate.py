@@ -30,11 +30,11 @@ from typing import Any
 
 import numpy as np
 
-from simulator.kv_cache import GIB, MemoryLedger
-from simulator.profiles import PerformanceProfile
+from scaler.kv_memory import GIB, MemoryLedger
+from scaler.profiles import PerformanceProfile
+from scaler.step_time import LinearStepTime
 from simulator.replay_metrics import histogram_delta, histogram_quantile, load_timeline, metric_sum, server_means
 from simulator.replay_records import read_records
-from simulator.step_time import LinearStepTime
 from simulator.workload import Workload
 
 FIT_PARAMS = ("overhead_s", "per_token_s", "per_seq_s", "per_context_token_s")

@@ -100,8 +100,8 @@ def build_run_inputs(args: argparse.Namespace) -> RunInputs:
     """Resolve the shared flags; bad values raise ValueError/KeyError naming the flag and value."""
     import numpy as np
 
+    from scaler.profiles import get_profile
     from simulator import workload as wl
-    from simulator.profiles import get_profile
 
     profile = get_profile(args.profile)
     w = load_trace_flags(args, args.format, "leadscale")
@@ -212,7 +212,7 @@ def _autoscaled(args: argparse.Namespace, inputs: RunInputs) -> dict[str, Any]:
 
 
 def run_profiles(args: argparse.Namespace) -> int:
-    from simulator.profiles import get_profile, list_profiles
+    from scaler.profiles import get_profile, list_profiles
 
     rows = []
     for name in list_profiles():

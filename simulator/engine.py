@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from simulator.profiles import PerformanceProfile
+from scaler.profiles import PerformanceProfile
 from simulator.replica import Replica, ReplicaMetrics
 from simulator.results import REJECTED, LatencyHistogram, RequestLog, SimulationResult
 from simulator.router import Router

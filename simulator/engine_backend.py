@@ -23,7 +23,7 @@ class EngineBackend:
                  slo_tpot_s: float = 0.1, router: str = "auto", gateway_limit: int = 100_000,
                  waiting_tokens_limit: float | None = None) -> None:
         if isinstance(profile, str):
-            from simulator.profiles import get_profile
+            from scaler.profiles import get_profile
 
             profile = get_profile(profile)
         self.engine = Engine(workload, profile, EngineConfig(router=router, seed=seed, gateway_limit=gateway_limit,

@@ -1,6 +1,6 @@
 """Derive the built-in profiles' step-time coefficients from the measured data in ``shared/profiles``.
 
-``simulator.profiles`` hard-codes the results (so ``get_profile`` reads no file and stays cheap); this
+``scaler.profiles`` hard-codes the results (so ``get_profile`` reads no file and stays cheap); this
 module is the code that produced them, and ``tests/test_profiles.py`` re-runs it to check that the
 constants still match the data. Run ``python -m simulator.profile_fit DIR`` to print them.
 
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from simulator.step_time import LinearStepTime, StepSample, fit_linear_knee, fit_step_samples
+from scaler.step_time import LinearStepTime, StepSample, fit_linear_knee, fit_step_samples
 
 VIDUR_OPS = ("input_layernorm", "attn_pre_proj", "attn_rope", "attn_post_proj", "post_attention_layernorm",
              "mlp_up_proj", "mlp_act", "mlp_down_proj", "add")

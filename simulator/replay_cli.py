@@ -96,8 +96,8 @@ def run_replay(args: argparse.Namespace) -> int:
 
 def run_calibrate(args: argparse.Namespace) -> int:
     """Fit a profile to ``--replay`` (or take ``--check PROFILE``) and print the fidelity table."""
+    from scaler.profiles import get_profile, save_profile
     from simulator import calibrate
-    from simulator.profiles import get_profile, save_profile
 
     try:
         measured = calibrate.load_replay(args.replay)
@@ -131,7 +131,7 @@ def run_capacity(args: argparse.Namespace) -> int:
                                       requests=args.requests, seed=args.seed)
         workload = load_trace_arg(args)
         if args.profile:
-            from simulator.profiles import get_profile
+            from scaler.profiles import get_profile
 
             runner = capacity.profile_runner(get_profile(args.profile), config)
         else:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from scaler.histograms import TTFT_BUCKETS
-from simulator.profiles import PerformanceProfile
+from scaler.profiles import PerformanceProfile
 from simulator.results import ABORTED, LatencyHistogram, RequestLog
 from simulator.scheduler import COMP, ID, LEFT, NEW, NTOK, SchedulerState
 

@@ -25,10 +25,10 @@ from collections import deque
 import numpy as np
 
 from scaler.histograms import TTFT_BUCKETS, vllm_token_buckets
+from scaler.profiles import PerformanceProfile
+from scaler.step_time import DecodeRun
 from simulator.kv_cache import PrefixCache
-from simulator.profiles import PerformanceProfile
 from simulator.results import FINISHED, LatencyHistogram, RequestLog
-from simulator.step_time import DecodeRun
 
 ID, NTOK, COMP, LEFT, NEW = range(5)  # rows of S; LEFT = tokens - final (< 0 while running)
 

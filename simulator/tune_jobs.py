@@ -96,7 +96,7 @@ def encode_inputs(inputs: Any) -> dict[str, Any]:
 
 
 def decode_inputs(data: dict[str, Any]) -> Any:
-    from simulator.profiles import PerformanceProfile
+    from scaler.profiles import PerformanceProfile
     from simulator.tuner import TuneInputs
     from simulator.workload import Workload
 

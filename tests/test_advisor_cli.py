@@ -16,10 +16,10 @@ from support.prometheus import free_port
 from test_history import MODEL, SPAN, prometheus_with_history  # noqa: F401  (the fixture)
 from test_manifests import CHART, crd_schema, merged
 
-from scaler.cli import main
+from leadscale.cli import main
+from scaler.profiles import get_profile
 from simulator.autoscale import run_autoscaled
 from simulator.manifests import Settings
-from simulator.profiles import get_profile
 from simulator.synthetic import load_workload
 from simulator.tuner import Run, beats
 from simulator.workload import select_window

@@ -260,7 +260,7 @@ def test_profile_keys_name_a_known_profile_or_spell_out_the_capacity() -> None:
     keys = profile_keys(Profile(), 2.0)
     assert isinstance(keys, dict) and float(keys["prefillTokensPerSecond"]) == CAP.prefill_tokens_per_s
     assert keys["maxNumSeqs"] == "64"
-    profiles = pytest.importorskip("simulator.profiles")
+    profiles = pytest.importorskip("scaler.profiles")
     assert profile_keys(profiles.get_profile("h100-llama3-8b"), 2.0) == "h100-llama3-8b"
 
 
@@ -269,8 +269,8 @@ def real_inputs(seconds: float = 300.0, load: float = 4.0):
 
     trace = TRACES / "azure_conv_2023.csv"
     require(trace.is_file(), f"the shared trace {trace}")
+    from scaler.profiles import get_profile
     from simulator import workload as wl
-    from simulator.profiles import get_profile
     from simulator.readers import load_trace
 
     w = wl.select_window(load_trace(trace), 0.0, seconds)
@@ -308,7 +308,7 @@ def test_compare_cli_prints_policies_json_and_writes_the_report(tmp_path, capsys
 
     from conftest import TRACES, require
 
-    from scaler.cli import main
+    from leadscale.cli import main
 
     trace = TRACES / "azure_conv_2023.csv"
     require(trace.is_file(), f"the shared trace {trace}")
@@ -377,7 +377,7 @@ def test_a_five_fold_step_is_absorbed_when_pods_start_fast_enough() -> None:
     rate window showed a third of the surge 20 s in, and the queue that built meanwhile drained for a
     minute; the surge's growth is now read over the last quarter window while the backlog alone
     makes first tokens late (``scaler.policy``, term ``surging``)."""
-    from simulator.profiles import get_profile
+    from scaler.profiles import get_profile
     from simulator.synthetic import from_spec
 
     step = from_spec("builtin:steps?rates=10,50,25&step_s=300", seed=3)

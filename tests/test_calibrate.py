@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from scaler.profiles import PerformanceProfile, get_profile, save_profile
 from simulator import calibrate
 from simulator.engine import simulate
-from simulator.profiles import PerformanceProfile, get_profile, save_profile
 from simulator.replay_records import RequestRecord, summarize, write_records
 from simulator.workload import Workload
 
@@ -23,7 +23,7 @@ from simulator.workload import Workload
 def _truth() -> PerformanceProfile:
     from dataclasses import replace
 
-    from simulator.step_time import LinearStepTime
+    from scaler.step_time import LinearStepTime
 
     base = get_profile("h100-llama3-8b")
     step = LinearStepTime(overhead_s=0.004, floor_s=0.0, intercept_s=0.0, per_token_s=4e-5, per_seq_s=6e-4,

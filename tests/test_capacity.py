@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from scaler.cli import main as leadscale
+from leadscale.cli import main as leadscale
 from simulator import capacity
 from simulator.capacity import Step, SweepConfig
 

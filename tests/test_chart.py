@@ -23,8 +23,8 @@ from conftest import ROOT, SCHEMAS, require
 from support.kube_api import FakeKubeApi, load
 from test_kube_drain import E2E, vllm_page
 
+from leadscale.cli import build_parser
 from scaler import serve_cli
-from scaler.cli import build_parser
 from scaler.kube.client import KubeApi
 from scaler.metadata import parse_metadata
 from scaler.sources.kube import KubeObserver

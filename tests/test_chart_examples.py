@@ -58,7 +58,7 @@ def test_examples_do_not_disturb_the_chart() -> None:
 def test_the_tune_jobs_example_is_valid_and_runs_our_own_flags() -> None:
     import shlex
 
-    from scaler.cli import build_parser
+    from leadscale.cli import build_parser
 
     docs = load("tune-jobs.yaml")
     for doc in docs:

@@ -1,4 +1,4 @@
-"""``leadscale simulate`` and ``leadscale profiles`` end to end (in-process, through scaler.cli)."""
+"""``leadscale simulate`` and ``leadscale profiles`` end to end (in-process, through leadscale.cli)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scaler.cli import main
+from leadscale.cli import main
 from simulator.cli import _window, add_run_arguments, build_run_inputs
 from tests.conftest import TRACES, require
 

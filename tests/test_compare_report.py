@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from conftest import TRACES, require
 
-from scaler.cli import main
+from leadscale.cli import main
 
 
 @pytest.mark.slow

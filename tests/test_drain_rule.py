@@ -29,11 +29,11 @@ def test_bad_durations_are_named(bad: object) -> None:
 
 
 def test_the_simulator_drains_for_the_same_rule_on_its_own_p99() -> None:
+    from scaler.profiles import get_profile
     from simulator.autoscale import INITIAL_WINDOW_S, _simulate, default_drain_grace, run_autoscaled, starting_fleet
     from simulator.coldstart import as_cold_start
     from simulator.engine_backend import EngineBackend
     from simulator.policies import Fixed
-    from simulator.profiles import get_profile
     from simulator.synthetic import load_workload
     from simulator.workload import select_window
 

@@ -104,7 +104,7 @@ class Keda:
 def _replay_command(url: str, out: Path) -> list[str]:
     path = TRACES / "sharegpt_pulses_6x50.csv"
     require(path.exists(), f"the shared trace {path}")
-    return [sys.executable, "-m", "scaler.cli", "replay", "--endpoint", url, "--trace", str(path),
+    return [sys.executable, "-m", "leadscale", "replay", "--endpoint", url, "--trace", str(path),
             "--max-requests", "300", "--time-scale", "0.25", "--out", str(out),  # six pulses of 50
             "--extra-body", '{"stream_interval": 16}']
 
@@ -158,7 +158,7 @@ def test_burst_scales_on_waiting_tokens_and_back(vllm_server: VllmServer, tmp_pa
         grpc_port, metrics_port = free_port(), free_port()
         log_path = tmp_path / "serve.log"
         serve = subprocess.Popen(
-            [sys.executable, "-m", "scaler.cli", "serve", "--host", "127.0.0.1", "--port", str(grpc_port),
+            [sys.executable, "-m", "leadscale", "serve", "--host", "127.0.0.1", "--port", str(grpc_port),
              "--metrics-port", str(metrics_port), "--prometheus-url", prom.url, "--interval", "1"],
             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log_path.open("wb"))
         channel = grpc.insecure_channel(f"127.0.0.1:{grpc_port}")

@@ -7,8 +7,8 @@ import itertools
 import numpy as np
 import pytest
 
+from scaler.profiles import get_profile
 from simulator.engine import Engine, EngineConfig, simulate
-from simulator.profiles import get_profile
 from simulator.readers import load_trace
 from simulator.results import ABORTED, FINISHED, REJECTED
 from simulator.workload import Workload, select_window

@@ -150,11 +150,11 @@ def test_evaluator_reads_the_kv_cache_or_answers_unavailable_naming_it() -> None
 
 
 def test_simulated_leadscale_reads_the_replicas_cache_config() -> None:
+    from scaler.profiles import get_profile
     from simulator.autoscale import run_autoscaled
     from simulator.engine import Engine
     from simulator.observe import Observer
     from simulator.policies import Leadscale, leadscale_control, leadscale_metadata
-    from simulator.profiles import get_profile
     from simulator.synthetic import load_workload
     from simulator.workload import select_window
 

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from scaler.profiles import get_profile
 from simulator.engine import simulate
-from simulator.profiles import get_profile
 from simulator.synthetic import builtin
 from simulator.workload import Workload
 from tests.test_replica import tiny_profile

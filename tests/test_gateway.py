@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from scaler.profiles import get_profile
 from simulator.engine import Engine, EngineConfig, simulate
-from simulator.profiles import get_profile
 from simulator.results import FINISHED, REJECTED
 from tests.test_engine import poisson
 

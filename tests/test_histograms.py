@@ -14,10 +14,10 @@ from hypothesis import strategies as st
 from scaler.capacity import ReplicaCapacity
 from scaler.histograms import TTFT_BUCKETS, share_above, token_weighted_mean, vllm_token_buckets
 from scaler.policy import PolicyConfig, PolicyState, decide
+from scaler.profiles import get_profile
 from scaler.signals import Signals
 from simulator.engine import Engine, EngineConfig
 from simulator.observe import ObserveConfig, Observer
-from simulator.profiles import get_profile
 from simulator.workload import Workload
 
 

@@ -12,7 +12,7 @@ import pytest
 from support.kube_api import FakeKubeApi, load
 from test_kube_drain import E2E, vllm_page
 
-from scaler.cli import main
+from leadscale.cli import main
 
 
 @pytest.fixture

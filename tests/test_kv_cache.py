@@ -7,7 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simulator.kv_cache import MemoryLedger, PrefixCache, blocks_for, kv_bytes_per_token
+from scaler.kv_memory import MemoryLedger, kv_bytes_per_token
+from simulator.kv_cache import PrefixCache, blocks_for
 
 
 def test_gqa_bytes_per_token() -> None:

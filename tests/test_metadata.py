@@ -164,7 +164,7 @@ def test_parse_is_cached_per_distinct_map() -> None:
 
 
 def test_known_profile_gives_its_capacity() -> None:
-    profiles = pytest.importorskip("simulator.profiles")
+    profiles = pytest.importorskip("scaler.profiles")
     name = profiles.list_profiles()[0]
     meta = {"model": "m", "profile": name, "ttftSeconds": "1.5"}
     assert parse_metadata(meta).capacity == profiles.get_profile(name).capacity(1.5)

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from scaler.capacity import ReplicaCapacity
-from simulator.profiles import get_profile, list_profiles, load_profile, save_profile
+from scaler.profiles import get_profile, list_profiles, load_profile, save_profile
 from tests.conftest import PROFILES_DATA, require
 
 NAMES = ["a100-llama2-70b-tp4", "a100-llama3-8b", "h100-llama2-70b-tp4", "h100-llama3-8b", "h200-llama3-8b"]

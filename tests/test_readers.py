@@ -421,7 +421,7 @@ def test_cli_reports_bad_rows_without_a_traceback(tmp_path: Path) -> None:
 
     path = tmp_path / "bad.csv"
     path.write_text("arrival_s,input_tokens,output_tokens\n0,100,10\n1,abc,10\n2,100,10\n")
-    base = [sys.executable, "-m", "scaler.cli", "simulate", "--trace", str(path), "--json"]
+    base = [sys.executable, "-m", "leadscale", "simulate", "--trace", str(path), "--json"]
     root = Path(__file__).resolve().parent.parent
     failed = subprocess.run(base, capture_output=True, text=True, cwd=root, timeout=120)
     assert failed.returncode == 2 and "Traceback" not in failed.stderr

@@ -284,7 +284,7 @@ def test_ctrl_c_writes_partial_results(fake_url: str, tmp_path: Path) -> None:
     trace = tmp_path / "trace.csv"
     trace.write_text("arrival_s,input_tokens,output_tokens\n0.0,10,5\n0.0,10,777\n30.0,10,5\n")
     out = tmp_path / "out"
-    proc = subprocess.Popen([sys.executable, "-m", "scaler.cli", "replay", "--endpoint", fake_url, "--trace",
+    proc = subprocess.Popen([sys.executable, "-m", "leadscale", "replay", "--endpoint", fake_url, "--trace",
                              str(trace), "--out", str(out), "--timeout", "20"], cwd=ROOT,
                             env={**os.environ, "PYTHONPATH": str(ROOT)}, stderr=subprocess.PIPE,
                             # a runner started in the background ignores SIGINT, and children inherit that
@@ -302,8 +302,8 @@ def test_ctrl_c_writes_partial_results(fake_url: str, tmp_path: Path) -> None:
 
 
 def test_summary_has_every_simulator_key(fake_url: str, tmp_path: Path) -> None:
+    from scaler.profiles import get_profile
     from simulator.engine import simulate
-    from simulator.profiles import get_profile
     from simulator.workload import Workload
 
     w = Workload(np.array([0.0, 0.5]), np.array([10, 20]), np.array([5, 6]))
@@ -314,7 +314,7 @@ def test_summary_has_every_simulator_key(fake_url: str, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("extra", ["[1]", "{not json"], ids=["not-object", "not-json"])
 def test_cli_rejects_bad_extra_body(extra: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from scaler.cli import main
+    from leadscale.cli import main
 
     rc = main(["replay", "--endpoint", "http://127.0.0.1:9", "--trace", "builtin:default", "--extra-body", extra,
                "--out", str(tmp_path)])

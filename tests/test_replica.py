@@ -11,13 +11,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from scaler.kv_memory import MemoryLedger
+from scaler.profiles import PerformanceProfile, get_profile
+from scaler.step_time import LinearStepTime
 from simulator import replica as replica_mod
 from simulator.engine import simulate as _simulate
-from simulator.kv_cache import MemoryLedger
-from simulator.profiles import PerformanceProfile, get_profile
 from simulator.replica import COMP, ID, LEFT, NEW, NTOK
 from simulator.results import FINISHED
-from simulator.step_time import LinearStepTime
 from simulator.workload import Workload
 
 # The Replica classes themselves (the reference: these tests patch and inspect them); the compiled

@@ -7,7 +7,7 @@ import functools
 import numpy as np
 import pytest
 
-from simulator.profiles import get_profile
+from scaler.profiles import get_profile
 from simulator.rollout import RolloutConfig, WeightStep, parse_schedule, run_rollout, standard_schedules
 from simulator.workload import Workload
 

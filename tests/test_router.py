@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
+from scaler.profiles import get_profile
 from simulator.engine import Engine, EngineConfig, simulate
 from simulator.kv_cache import PrefixCache
-from simulator.profiles import get_profile
 from simulator.router import PREFILL_WEIGHT, Router
 from simulator.workload import Workload
 

@@ -203,7 +203,7 @@ def test_metrics_and_decisions_endpoints(harness: Harness) -> None:
 def test_serve_command_starts_answers_health_and_stops_on_sigterm() -> None:
     env = {**os.environ, "LEADSCALE_PORT": "0", "LEADSCALE_METRICS_PORT": "0", "LEADSCALE_HOST": "127.0.0.1",
            "LEADSCALE_PROMETHEUS_URL": "http://127.0.0.1:9", "LEADSCALE_LOG_FORMAT": "json"}
-    proc = subprocess.Popen([sys.executable, "-m", "scaler.cli", "serve", "--interval", "1"], cwd=ROOT, env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "leadscale", "serve", "--interval", "1"], cwd=ROOT, env=env,
                             stderr=subprocess.PIPE, text=True)
     try:
         port = None
@@ -231,7 +231,7 @@ def test_serve_command_starts_answers_health_and_stops_on_sigterm() -> None:
 
 
 def test_serve_rejects_half_tls_configuration() -> None:
-    result = subprocess.run([sys.executable, "-m", "scaler.cli", "serve", "--tls-cert", "a.pem"], cwd=ROOT,
+    result = subprocess.run([sys.executable, "-m", "leadscale", "serve", "--tls-cert", "a.pem"], cwd=ROOT,
                             capture_output=True, text=True, timeout=30)
     assert result.returncode != 0 and "--tls-key" in result.stderr
 
@@ -240,14 +240,14 @@ def test_serve_kubernetes_without_a_cluster_fails_with_a_message(tmp_path: Path)
     env = {**os.environ, "LEADSCALE_KUBERNETES": "true", "KUBECONFIG": str(tmp_path / "none"),
            "KUBERNETES_SERVICE_HOST": "", "LEADSCALE_PORT": "0", "LEADSCALE_METRICS_PORT": "0",
            "LEADSCALE_HOST": "127.0.0.1"}
-    result = subprocess.run([sys.executable, "-m", "scaler.cli", "serve"], cwd=ROOT, env=env, capture_output=True,
+    result = subprocess.run([sys.executable, "-m", "leadscale", "serve"], cwd=ROOT, env=env, capture_output=True,
                             text=True, timeout=60)
     assert result.returncode == 1 and "--kubernetes: cannot reach the Kubernetes API" in result.stderr
 
 
 def test_serve_rejects_a_bad_environment_value() -> None:
     env = {**os.environ, "LEADSCALE_INTERVAL": "soon"}
-    result = subprocess.run([sys.executable, "-m", "scaler.cli", "serve"], cwd=ROOT, env=env, capture_output=True,
+    result = subprocess.run([sys.executable, "-m", "leadscale", "serve"], cwd=ROOT, env=env, capture_output=True,
                             text=True, timeout=30)
     assert result.returncode != 0 and "LEADSCALE_INTERVAL='soon'" in result.stderr
 
@@ -290,7 +290,7 @@ def test_soak_benchmark_short_run_has_no_errors_and_drops_idle_objects(tmp_path:
 
 
 def test_serve_rejects_deletion_cost_without_kubernetes() -> None:
-    result = subprocess.run([sys.executable, "-m", "scaler.cli", "serve", "--deletion-cost", "true"], cwd=ROOT,
+    result = subprocess.run([sys.executable, "-m", "leadscale", "serve", "--deletion-cost", "true"], cwd=ROOT,
                             capture_output=True, text=True, timeout=30)
     assert result.returncode != 0 and "--deletion-cost needs --kubernetes" in result.stderr
 

@@ -22,8 +22,8 @@ import pytest
 if __name__ == "__main__":  # printing the digests: run from the repository root
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from scaler.profiles import get_profile
 from simulator.engine import simulate
-from simulator.profiles import get_profile
 from simulator.synthetic import builtin
 from simulator.workload import Workload, select_window
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from scaler.profiles import get_profile
 from simulator import queue_limit
-from simulator.profiles import get_profile
 from simulator.queue_limit import LimitRun, recommend
 from simulator.stage import fixed_stage, one_replica
 from simulator.workload import Workload

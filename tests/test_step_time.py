@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simulator.step_time import DecodeRun, LinearStepTime, StepSample, fit_linear_knee, fit_step_samples
+from scaler.step_time import DecodeRun, LinearStepTime, StepSample, fit_linear_knee, fit_step_samples
 
 MODEL = LinearStepTime(overhead_s=0.001, floor_s=0.007, intercept_s=0.005, per_token_s=2e-5, per_seq_s=1e-5,
                        per_context_token_s=5e-8, prefill_attention_s=1e-9)

@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from scaler.cli import main
-from simulator.profiles import get_profile
+from leadscale.cli import main
+from scaler.profiles import get_profile
 from simulator.synthetic import load_workload
 from simulator.tune_jobs import (
     JobStore,
@@ -56,7 +56,7 @@ def test_inputs_and_jobs_survive_the_database_exactly() -> None:
 
 def _worker(url: str, study: str) -> subprocess.Popen[bytes]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.Popen([sys.executable, "-m", "scaler.cli", "tune-worker", "--storage", url, "--study", study,
+    return subprocess.Popen([sys.executable, "-m", "leadscale", "tune-worker", "--storage", url, "--study", study,
                              "--idle-exit", "60"], cwd=ROOT, env=env, stderr=subprocess.PIPE)
 
 

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from scaler.profiles import get_profile
 from simulator.manifests import DEFAULT_SETTINGS, Settings
-from simulator.profiles import get_profile
 from simulator.synthetic import load_workload
 from simulator.tuner import (
     Candidate,

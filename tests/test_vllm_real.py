@@ -27,7 +27,7 @@ import pytest
 from conftest import TRACES, require
 from support.vllm_server import VllmServer, vllm_server  # noqa: F401 (fixture)
 
-from scaler.cli import main as leadscale
+from leadscale.cli import main as leadscale
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -86,7 +86,7 @@ def _run_calibrate(args: list[str], capsys: pytest.CaptureFixture[str]) -> dict[
 
 def test_calibrate_on_one_slice_check_on_another(slices: tuple[Path, Path], tmp_path: Path,
                                                   capsys: pytest.CaptureFixture[str]) -> None:
-    from simulator.profiles import get_profile
+    from scaler.profiles import get_profile
 
     a, b = slices
     profile_path = tmp_path / "tiny-cpu.yaml"

@@ -54,7 +54,7 @@ class ScalerProcess:
         log = self.log_dir / f"serve-{len(self.logs)}.log"
         self.logs.append(log)
         # our ports last (they win over any in ``args``, e.g. a chart's), our host first (``args`` may move it)
-        command = [sys.executable, "-m", "scaler.cli", "serve", "--host", "127.0.0.1", *self.args,
+        command = [sys.executable, "-m", "leadscale", "serve", "--host", "127.0.0.1", *self.args,
                    "--port", str(self.port), "--metrics-port", str(self.metrics_port)]
         with log.open("wb") as err:
             self.proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err,

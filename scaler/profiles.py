@@ -26,8 +26,8 @@ from typing import Any
 import numpy as np
 
 from scaler.capacity import DECODE_REFERENCE_CONTEXT, ReplicaCapacity
-from simulator.kv_cache import GIB, MemoryLedger
-from simulator.step_time import LinearStepTime
+from scaler.kv_memory import GIB, MemoryLedger
+from scaler.step_time import LinearStepTime
 
 DEFAULT_TPOT_SLO_S = 0.1
 DEFAULT_CONTEXT_TOKENS = DECODE_REFERENCE_CONTEXT

@@ -2,7 +2,9 @@
 
 Each subcommand lives beside the code it drives and exposes ``register(subparsers)``, which adds its
 parser and sets ``func(args) -> int``. Modules keep heavy imports (matplotlib, optuna, httpx) inside
-their run functions so ``leadscale --help`` stays fast.
+their run functions so ``leadscale --help`` stays fast, and so the scaler's own install (without the
+``sim`` extra) still lists every command: a simulator command run without the extra says what to install
+(``missing_extra``) instead of a traceback.
 """
 
 from __future__ import annotations
@@ -39,7 +41,23 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help(sys.stderr)
         return 2
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except ModuleNotFoundError as exc:
+        if exc.name is None or exc.name.split(".")[0] not in SIM_EXTRA_MODULES:
+            raise
+        print(missing_extra(args.command, exc.name), file=sys.stderr)
+        return 2
+
+
+# top-level modules the ``sim`` extra installs (pyproject.toml); the scaler alone needs none of them
+SIM_EXTRA_MODULES = frozenset({"optuna", "matplotlib", "tqdm", "numba"})
+
+
+def missing_extra(command: str, module: str) -> str:
+    """The one-line answer when ``leadscale COMMAND`` needs a module only the ``sim`` extra installs."""
+    return (f"leadscale {command}: needs {module!r}, which comes with the simulator extra; "
+            "install it with: pip install 'leadscale[sim]'")
 
 
 if __name__ == "__main__":
