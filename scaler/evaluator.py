@@ -21,7 +21,6 @@ namespace/name plus its metadata (a changed trigger is a new object; the old one
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 import time
@@ -31,9 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from scaler import evaluator_kube
-from scaler import route as route_mod
-from scaler.engine_limits import EngineLimitMissing
+from scaler import evaluation, evaluator_kube
 from scaler.evaluator_kube import KubeObserver
 from scaler.metadata import MetadataError, Problem, ScalerConfig, parse_metadata
 from scaler.signals import Signals
@@ -89,15 +86,9 @@ class _Entry:
     last_asked: float
     route_target: Target | None = None
     """The whole route's series when the trigger names a ``trafficWeight`` (``scaler.route``)."""
-    route_state: Any = None
-    state: Any = None
-    decision: Any = None
-    data_at: float = float("-inf")
-    """Our clock's time of the data behind ``decision``."""
+    held: evaluation.Held = field(default_factory=evaluation.Held)
+    """Its decision, policy state and cached config (``scaler.evaluation``)."""
     error: str | None = None
-    policy_config: Any = None
-    policy_bounds: Any = None
-    """The (min, max) bounds and capacity ``policy_config`` was built for."""
     evaluated: threading.Event = field(default_factory=threading.Event)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -116,20 +107,18 @@ class Evaluator:
     """Background evaluation of every scaled object; ``lookup`` answers from the cache."""
 
     def __init__(self, prometheus_url: str | None = None, scrape_targets: tuple[str, ...] = (),
-                 interval_s: float = 5.0, staleness_limit_s: float = 60.0, idle_timeout_s: float = 600.0,
+                 interval_s: float = evaluation.DEFAULT_INTERVAL_S,
+                 staleness_limit_s: float = evaluation.DEFAULT_STALENESS_LIMIT_S, idle_timeout_s: float = 600.0,
                  first_call_timeout_s: float = 2.0,
                  source_factory: Callable[[SourceKey], SignalSource] = default_source_factory,
                  kube: KubeObserver | None = None, telemetry: Telemetry | None = None,
                  clock: Callable[[], float] = time.time, max_objects: int = 10_000) -> None:
-        from scaler import policy
-
         for label, value in (("interval_s", interval_s), ("staleness_limit_s", staleness_limit_s),
                              ("idle_timeout_s", idle_timeout_s), ("first_call_timeout_s", first_call_timeout_s)):
             if not (isinstance(value, (int, float)) and 0 < value < float("inf")):
                 raise ValueError(f"Evaluator {label}={value!r}: must be a finite number of seconds > 0")
         if not (isinstance(max_objects, int) and max_objects >= 1):
             raise ValueError(f"Evaluator max_objects={max_objects!r}: must be an integer >= 1")
-        self._policy = policy
         self.max_objects = max_objects
         """Every object costs memory and a share of each round until it idles out: a client inventing names
         (or a trigger's metadata changing in a loop) must not grow them without bound."""
@@ -167,9 +156,10 @@ class Evaluator:
             raise Unavailable(f"{namespace}/{name}: first evaluation still running after "
                               f"{self.first_call_timeout_s:g} s; retry shortly")
         with entry.lock:
-            decision, data_at, error = entry.decision, entry.data_at, entry.error
-        age = self.clock() - data_at
-        if decision is None or age > self.staleness_limit_s:
+            held, error = entry.held, entry.error
+        now = self.clock()
+        decision, age = evaluation.fresh(held, now, self.staleness_limit_s), now - held.data_at
+        if decision is None:
             why = error or f"data is {age:.0f} s old"
             raise Unavailable(f"{namespace}/{name}: no fresh signal within the staleness limit "
                               f"({self.staleness_limit_s:g} s): {why}")
@@ -315,10 +305,8 @@ class Evaluator:
             results = {t: SourceError(f"source {key[0]} failed: {type(exc).__name__}: {exc}") for t in targets}
         for entry in members:
             try:
-                own = results.get(entry.target, SourceError("the source returned nothing"))
-                if entry.route_target is not None:
-                    own = self._route_view(entry, own, results.get(entry.route_target), now)
-                self._apply(entry, own, now)
+                route = results.get(entry.route_target) if entry.route_target is not None else None
+                self._apply(entry, results.get(entry.target, SourceError("the source returned nothing")), route, now)
             except Exception as exc:
                 LOG.exception("evaluating %s/%s failed", entry.namespace, entry.name)
                 self._fail(entry, f"evaluation failed: {type(exc).__name__}: {exc}", "internal")
@@ -328,26 +316,17 @@ class Evaluator:
             # interval at a time, and every RPC arriving meanwhile waits (p99 15 ms over 1000 objects)
             time.sleep(0)
 
-    def _route_view(self, entry: _Entry, own: Signals | SourceError, route: Signals | SourceError | None,
-                    now: float) -> Signals | SourceError | tuple[Signals, Signals]:
-        """(own, route) snapshots for a route member; a version with no series yet (a canary before its
-        first pod) has an empty one of its own while the route answers."""
-        if not isinstance(route, Signals):
-            return SourceError(f"route ({dict(entry.route_target.label_matchers) if entry.route_target else ''}): "
-                               f"{route if route is not None else 'the source returned nothing'}")
-        if not isinstance(own, Signals):
-            own = route_mod.empty_signals(route)
-        return own, route
-
-    def _apply(self, entry: _Entry, result: Signals | SourceError | tuple[Signals, Signals], now: float) -> None:
-        route: Signals | None = None
-        if isinstance(result, tuple):
-            result, route = result
-        if isinstance(result, SourceError) or not isinstance(result, Signals):
-            self._fail(entry, str(result) or type(result).__name__, "source")
-            return
-        if result.data_age_s > self.staleness_limit_s:
-            self._fail(entry, f"data is {result.data_age_s:.0f} s old (limit {self.staleness_limit_s:g} s)", "stale")
+    def _apply(self, entry: _Entry, result: Signals | SourceError, route: Signals | SourceError | None,
+               now: float) -> None:
+        """One ``scaler.evaluation`` step for ``entry``, with the Kubernetes view merged in when there is one."""
+        try:
+            if entry.route_target is not None:
+                result, whole = evaluation.route_pair(result, route, self.staleness_limit_s,
+                                                      str(dict(entry.route_target.label_matchers)))
+            else:
+                result, whole = evaluation.usable(result, self.staleness_limit_s), None
+        except evaluation.Skipped as exc:
+            self._fail(entry, str(exc) or "no signal", exc.reason)
             return
         merged = evaluator_kube.Merged(result)
         if self.kube is not None:
@@ -356,33 +335,20 @@ class Evaluator:
                                               entry.config.lead_time_auto)
             except Exception as exc:
                 self._kube_failed(entry, "observe", exc)
-        signals, bounds = merged.signals, (merged.min_replicas, merged.max_replicas)
-        try:  # engine limits the metadata leaves open come from this snapshot (scaler.engine_limits)
-            capacity = entry.config.replica_capacity(signals, _describe(entry.source_key))
-        except EngineLimitMissing as exc:
-            self._fail(entry, str(exc), "source")
-            return
-        if entry.policy_config is None or entry.policy_bounds != (bounds, capacity):
-            entry.policy_config = entry.config.policy_config(*bounds, capacity=capacity)
-            entry.policy_bounds = (bounds, capacity)
-        config = entry.policy_config
+        signals = merged.signals
         # only one evaluation of an entry runs at a time (rounds skip entries whose first one is running)
-        state = entry.state if entry.state is not None else self._policy.PolicyState()
-        if route is not None and entry.config.traffic_weight is not None:
-            # Prometheus sees no starting pods: the route's are at least this Deployment's (Kubernetes)
-            starting = max(route.starting_replicas, signals.starting_replicas)
-            route = dataclasses.replace(route, starting_replicas=starting, lead_time_s=signals.lead_time_s)
-            route_state = entry.route_state if entry.route_state is not None else route_mod.RouteState()
-            shared = route_mod.decide_share(signals, route, entry.config.traffic_weight, state, route_state, config,
-                                            now)
-            decision, entry.route_state = shared.decision, shared.state
-        else:
-            decision = self._policy.decide(signals, state, config, now)
+        previous = entry.held
+        try:
+            held = evaluation.step(entry.config, previous, signals, now, (merged.min_replicas, merged.max_replicas),
+                                   _describe(entry.source_key), whole)
+        except evaluation.Skipped as exc:
+            self._fail(entry, str(exc), exc.reason)
+            return
+        decision = held.decision
+        assert decision is not None
         with entry.lock:
-            previous = entry.decision
-            entry.state, entry.decision, entry.error = decision.state, decision, None
-            entry.data_at = now - signals.data_age_s
-        changed = previous is None or (previous.desired_replicas, previous.active) != (
+            entry.held, entry.error = held, None
+        changed = previous.decision is None or (previous.decision.desired_replicas, previous.decision.active) != (
             decision.desired_replicas, decision.active)
         if merged.seen and decision.desired_replicas < signals.ready_replicas:
             try:
@@ -415,11 +381,11 @@ class Evaluator:
         out = []
         for e in entries:
             with e.lock:
-                d = e.decision
+                d, data_at = e.held.decision, e.held.data_at
                 out.append({
                     "namespace": e.namespace, "name": e.name, "model": e.config.model,
                     "metric_name": e.config.metric_name, "error": e.error,
-                    "data_age_s": None if d is None else round(now - e.data_at, 3),
+                    "data_age_s": None if d is None else round(now - data_at, 3),
                     "desired_replicas": None if d is None else d.desired_replicas,
                     "active": None if d is None else d.active, "reason": None if d is None else d.reason,
                     "terms": {} if d is None else dict(d.terms), "last_asked": e.last_asked,

@@ -13,6 +13,8 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from scaler import evaluation
+
 ENV_PREFIX = "LEADSCALE_"
 
 
@@ -85,8 +87,8 @@ FLAGS: tuple[tuple[str, Callable[[str], Any], Any, str], ...] = (
      "directory of files named after KEDA's Prometheus TriggerAuthentication parameters: bearerToken, username, "
      "password, ca, cert, key (a mounted Secret); sent only to --prometheus-url"),
     ("--scrape-targets", str, None, "comma-separated pod /metrics URLs: direct-scrape mode instead of Prometheus"),
-    ("--interval", _positive_float, 5.0, "seconds between evaluations of each scaled object"),
-    ("--staleness-limit", _positive_float, 60.0,
+    ("--interval", _positive_float, evaluation.DEFAULT_INTERVAL_S, "seconds between evaluations of each scaled object"),
+    ("--staleness-limit", _positive_float, evaluation.DEFAULT_STALENESS_LIMIT_S,
      "seconds a last good decision may be reused after failed fetches; older means UNAVAILABLE"),
     ("--idle-timeout", _positive_float, 600.0, "drop a scaled object not asked about for this many seconds"),
     ("--kubernetes", _bool, False,

@@ -27,8 +27,11 @@ from typing import Any
 
 import numpy as np
 
-from scaler import histograms
+from scaler import histograms, lead_time
+from scaler.assemble import FleetTotals, assemble_signals
+from scaler.lead_time import rolling_lead_time
 from scaler.signals import Signals
+from scaler.sources.base import SourceError
 
 # vLLM metric name -> ReplicaMetrics attribute(s) (first one present wins)
 METRICS: dict[str, tuple[str, ...]] = {
@@ -89,8 +92,8 @@ class ObserveConfig:
     scrape_interval_s: float = 15.0
     rate_window_s: float = 60.0
     lookback_s: float = 300.0
-    lead_time_window: int = 20
-    lead_time_min_samples: int = 3
+    lead_time_window: int = lead_time.WINDOW
+    lead_time_min_samples: int = lead_time.MIN_SAMPLES
 
     def __post_init__(self) -> None:
         for name in ("scrape_interval_s", "rate_window_s", "lookback_s"):
@@ -221,11 +224,7 @@ class Observer:
 
     def lead_time_s(self) -> float | None:
         """Nearest-rank p90 of the newest cold starts (None before enough have been seen)."""
-        recent = self.cold_starts[-self.config.lead_time_window:]
-        if len(recent) < self.config.lead_time_min_samples:
-            return None
-        ordered = sorted(recent)
-        return ordered[max(0, math.ceil(0.9 * len(ordered)) - 1)]
+        return rolling_lead_time(self.cold_starts, self.config.lead_time_window, self.config.lead_time_min_samples)
 
     def gauge(self, name: str, now: float) -> dict[int, float]:
         """Per-replica values of a gauge as an instant query would return them."""
@@ -243,46 +242,36 @@ class Observer:
 
     def signals(self, now: float, ready_replicas: int, starting_replicas: int,
                 lead_time_auto: bool = True) -> Signals | None:
-        """The Signals the live scaler would build at ``now``; None where it would answer "no data"."""
+        """The Signals the live scaler would build at ``now`` (``scaler.assemble``, the live sources' rule);
+        None where it would answer "no data"."""
         prom, window = self.prometheus, self.config.rate_window_s
         running = prom.instant("vllm:num_requests_running", now)
-        activation = self.activation_value(now)
-        lead = self.lead_time_s() if lead_time_auto else None
-        if not running:
-            if activation is None:
-                return None
-            return Signals(at=now, prompt_tokens_per_s=0.0, generation_tokens_per_s=0.0, requests_waiting=0.0,
-                           requests_running=0.0, ready_replicas=ready_replicas, starting_replicas=starting_replicas,
-                           activation_value=activation, lead_time_s=lead)
-        prompt = prom.rate("vllm:prompt_tokens_total", now, window)
-        generation = prom.rate("vllm:generation_tokens_total", now, window)
-        waiting = prom.instant("vllm:num_requests_waiting", now)
-        if not prompt or not generation or not waiting:
-            return None  # live: SourceError("no data ...: rate() needs two samples")
         kv = prom.instant("vllm:kv_cache_usage_perc", now)
         kv_tokens = prom.instant(CACHE_CONFIG, now)
         newest = prom.newest_sample(now)
-        return Signals(
-            at=now,
-            prompt_tokens_per_s=math.fsum(prompt.values()),
-            generation_tokens_per_s=math.fsum(generation.values()),
-            requests_waiting=math.fsum(waiting.values()),
-            requests_running=math.fsum(running.values()),
-            ready_replicas=ready_replicas,
-            starting_replicas=starting_replicas,
+
+        def total(rates: dict[int, float]) -> float | None:
+            return math.fsum(rates.values()) if rates else None
+
+        totals = FleetTotals(
+            at=now, where="the simulated Prometheus", rate_window_s=window, has_series=bool(running),
+            ready_replicas=ready_replicas, starting_replicas=starting_replicas,
+            prompt_tokens_per_s=total(prom.rate("vllm:prompt_tokens_total", now, window)),
+            generation_tokens_per_s=total(prom.rate("vllm:generation_tokens_total", now, window)),
+            requests_waiting=total(prom.instant("vllm:num_requests_waiting", now)), requests_running=total(running),
             mean_prompt_tokens=self._mean("vllm:request_prompt_tokens", now),
             mean_output_tokens=self._mean("vllm:request_generation_tokens", now),
-            prompt_tokens_weighted_mean=histograms.token_weighted_mean(
-                self._bucket_rates(histograms.PROMPT_HISTOGRAM, now),
-                self._mean(histograms.PROMPT_HISTOGRAM, now)),
-            ttft_buckets=tuple(sorted(self._bucket_rates(histograms.TTFT_HISTOGRAM, now).items())) or None,
-            kv_cache_usage=min(float(np.mean(list(kv.values()))), 1.0) if kv else None,
+            prompt_length_buckets=self._bucket_rates(histograms.PROMPT_HISTOGRAM, now),
+            ttft_buckets=self._bucket_rates(histograms.TTFT_HISTOGRAM, now),
+            kv_cache_usage=float(np.mean(list(kv.values()))) if kv else None,
             kv_cache_tokens=min(kv_tokens.values()) if kv_tokens else None,
             prefix_cache_hit_share=self._ratio("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total", now),
-            lead_time_s=lead,
-            activation_value=activation,
-            data_age_s=max(0.0, now - newest) if newest is not None else 0.0,
-        )
+            lead_time_s=self.lead_time_s() if lead_time_auto else None, activation_value=self.activation_value(now),
+            data_age_s=now - newest if newest is not None else 0.0)
+        try:
+            return assemble_signals(totals)
+        except SourceError:
+            return None  # live: UNAVAILABLE ("no data ...")
 
     def _bucket_rates(self, histogram: str, now: float) -> dict[float, float]:
         """``sum by (le) (rate(<histogram>_bucket[w]))``: {le: rate} (``inf`` for +Inf)."""

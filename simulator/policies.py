@@ -22,19 +22,19 @@ otherwise (``ControlConfig``).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field, replace
-from typing import Any
 
+from scaler import evaluation
 from scaler import policy as live_policy
-from scaler.engine_limits import EngineLimitMissing
 from scaler.metadata import ScalerConfig, parse_metadata
+from scaler.signals import Signals
+from scaler.sources.base import SourceError
 from simulator.control import ControlConfig, ScalingPolicy, ScalingRules, default_scale_up
 from simulator.observe import Observer
 
 NAMES = ("leadscale", "waiting-requests", "kv-cache", "saturation", "fixed:N", "oracle")
-EVALUATOR_INTERVAL_S = 5.0  # scaler.evaluator's default loop period
-STALENESS_LIMIT_S = 60.0  # scaler.evaluator's default: older data -> Unavailable (KEDA fallback)
+EVALUATOR_INTERVAL_S = evaluation.DEFAULT_INTERVAL_S
+STALENESS_LIMIT_S = evaluation.DEFAULT_STALENESS_LIMIT_S
 
 
 @dataclass(frozen=True)
@@ -138,40 +138,54 @@ class Leadscale(TriggerPolicy):
         super().__init__(replace(control, target_value=1.0))
         self.metadata = dict(metadata)
         self.config: ScalerConfig = parse_metadata(self.metadata)
-        self.state: Any = live_policy.PolicyState()
-        self.decision: Any = None
-        self.data_at = -math.inf
+        self.held = evaluation.Held()
         self.decisions: list[tuple[float, int, dict[str, float]]] = []
 
-    def policy_config(self, signals: Any = None) -> Any:
+    @property
+    def decision(self) -> live_policy.Decision | None:
+        return self.held.decision
+
+    def policy_config(self, signals: Signals | None = None) -> live_policy.PolicyConfig:
         """Exactly what the evaluator builds: metadata first, the ScaledObject's min/max otherwise, engine
         limits the metadata leaves open from ``signals`` (``scaler.engine_limits``)."""
-        capacity = self.config.replica_capacity(signals, "the simulated Prometheus")
+        capacity = self.config.replica_capacity(signals, WHERE)
         return self.config.policy_config(self.control.min_replicas, self.control.max_replicas, capacity=capacity)
 
-    def evaluate(self, now: float, view: View) -> None:
+    def snapshots(self, now: float, view: View) -> tuple[Signals | SourceError, Signals | SourceError | None]:
+        """What the live evaluator's source would answer: this Deployment's snapshot (and the route's)."""
         signals = view.observer.signals(now, view.ready_replicas, view.starting_replicas,
                                         lead_time_auto=self.config.lead_time_auto)
-        if signals is None or signals.data_age_s > STALENESS_LIMIT_S:
-            return  # the live evaluator keeps its last decision until the data behind it is too old
+        return (signals if signals is not None else SourceError("no data")), None
+
+    def evaluate(self, now: float, view: View) -> None:
+        """One ``scaler.evaluation`` step, as the live evaluator runs it; a skipped step keeps the last decision."""
+        own, route = self.snapshots(now, view)
         try:
-            config = self.policy_config(signals)
-        except EngineLimitMissing:
-            return  # the live evaluator answers UNAVAILABLE: KEDA's fallback keeps the fleet
-        decision = live_policy.decide(signals, self.state, config, now)
-        self.state, self.decision, self.data_at = decision.state, decision, now - signals.data_age_s
+            if route is not None:
+                signals, whole = evaluation.route_pair(own, route, STALENESS_LIMIT_S)
+                # the Kubernetes view: this Deployment's pods, also under an empty snapshot of its own
+                signals = replace(signals, ready_replicas=view.ready_replicas,
+                                  starting_replicas=view.starting_replicas)
+            else:
+                signals, whole = evaluation.usable(own, STALENESS_LIMIT_S), None
+            self.held = evaluation.step(self.config, self.held, signals, now,
+                                        (self.control.min_replicas, self.control.max_replicas), WHERE, whole)
+        except evaluation.Skipped:
+            return
+        decision = self.held.decision
+        assert decision is not None
         self.decisions.append((now, decision.desired_replicas, dict(decision.terms)))
 
-    def _fresh(self, now: float) -> Any:
-        return self.decision if self.decision is not None and now - self.data_at <= STALENESS_LIMIT_S else None
-
     def metric(self, now: float, view: View) -> float | None:
-        decision = self._fresh(now)
+        decision = evaluation.fresh(self.held, now, STALENESS_LIMIT_S)
         return None if decision is None else float(decision.desired_replicas)
 
     def active(self, now: float, view: View) -> bool | None:
-        decision = self._fresh(now)
+        decision = evaluation.fresh(self.held, now, STALENESS_LIMIT_S)
         return None if decision is None else bool(decision.active)
+
+
+WHERE = "the simulated Prometheus"
 
 
 @dataclass(frozen=True)

@@ -34,14 +34,13 @@ from typing import Any
 
 import numpy as np
 
-from scaler import route as route_mod
-from scaler.engine_limits import EngineLimitMissing
 from scaler.signals import Signals
+from scaler.sources.base import SourceError
 from simulator.cluster import Cluster, Pod
 from simulator.coldstart import ColdStart, as_cold_start
 from simulator.control import ControlLoop
 from simulator.observe import Observer
-from simulator.policies import STALENESS_LIMIT_S, Leadscale, View, leadscale_control, leadscale_metadata
+from simulator.policies import Leadscale, View, leadscale_control, leadscale_metadata
 
 TIMELINE_STEP_S = 10.0
 VERSIONS = ("stable", "canary")
@@ -110,7 +109,6 @@ class RouteLeadscale(Leadscale):
     def __init__(self, metadata: dict[str, str], control: Any, route_view: Callable[[float], View]) -> None:
         super().__init__(metadata, control)
         self.route_view = route_view
-        self.route_state = route_mod.RouteState()
 
     def set_weight(self, weight: float) -> None:
         """The rollout rewrote ``trafficWeight``: a new scaler object, fresh state (as live)."""
@@ -119,27 +117,17 @@ class RouteLeadscale(Leadscale):
                       self.route_view)
         self.decisions = history  # one ScaledObject's decisions, across its trigger's versions
 
-    def evaluate(self, now: float, view: View) -> None:
+    def snapshots(self, now: float, view: View) -> tuple[Signals | SourceError, Signals | SourceError | None]:
+        """This version's snapshot and the route's; as live, Prometheus knows no starting pods and the
+        Kubernetes observer only this Deployment's. No ``trafficWeight``: no route, no decision."""
+        if self.config.traffic_weight is None:
+            return SourceError("no trafficWeight"), SourceError("no trafficWeight")
         whole = self.route_view(now)
-        lead_auto = self.config.lead_time_auto
-        # as live: Prometheus knows no starting pods, the Kubernetes observer only this Deployment's
         route = whole.observer.signals(now, whole.ready_replicas, 0, lead_time_auto=False)
-        if route is None or route.data_age_s > STALENESS_LIMIT_S or self.config.traffic_weight is None:
-            return  # the live evaluator answers UNAVAILABLE when the route does not answer
-        own = view.observer.signals(now, view.ready_replicas, view.starting_replicas, lead_time_auto=lead_auto)
-        if own is None:
-            own = route_mod.empty_signals(route, view.ready_replicas, view.starting_replicas)
-        starting = max(route.starting_replicas, own.starting_replicas)
-        route = Signals(**{**route.__dict__, "starting_replicas": starting, "lead_time_s": own.lead_time_s})
-        try:
-            config = self.policy_config(own)
-        except EngineLimitMissing:
-            return
-        shared = route_mod.decide_share(own, route, self.config.traffic_weight, self.state, self.route_state,
-                                        config, now)
-        self.state, self.route_state, self.decision = shared.decision.state, shared.state, shared.decision
-        self.data_at = now - own.data_age_s
-        self.decisions.append((now, shared.decision.desired_replicas, dict(shared.decision.terms)))
+        own = view.observer.signals(now, view.ready_replicas, view.starting_replicas,
+                                    lead_time_auto=self.config.lead_time_auto)
+        return (own if own is not None else SourceError("no data"),
+                route if route is not None else SourceError("no data"))
 
 
 def _percent(weight: float) -> str:

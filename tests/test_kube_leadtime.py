@@ -85,3 +85,21 @@ def test_lead_time_is_an_observed_value_at_or_above_most_starts(durations: list[
     lead = tracker.lead_time_s()
     assert lead in kept
     assert np.mean(np.asarray(kept) <= lead) >= 0.9
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(0.0, 3600.0, allow_nan=False), max_size=40), st.integers(1, 25), st.integers(1, 25))
+def test_rolling_lead_time_is_an_observed_start_at_or_above_nine_in_ten(starts: list[float], window: int,
+                                                                         min_samples: int) -> None:
+    """The one rule both the live tracker and the simulator's observer use (``scaler.lead_time``)."""
+    from scaler.lead_time import rolling_lead_time
+
+    min_samples = min(min_samples, window)
+    got = rolling_lead_time(starts, window, min_samples)
+    recent = starts[-window:]
+    if len(recent) < min_samples:
+        assert got is None
+        return
+    assert got in recent
+    assert sum(s <= got for s in recent) >= 0.9 * len(recent) - 1e-9
+    assert sum(s < got for s in recent) < 0.9 * len(recent)  # the smallest such value: nearest rank

@@ -20,8 +20,7 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 
-import numpy as np
-
+from scaler import lead_time
 from scaler.kube.pods import PodState
 
 MAX_PLAUSIBLE_S = 6 * 3600.0  # a "cold start" longer than this is a stuck pod someone fixed, not a sample
@@ -73,7 +72,8 @@ class LeadTimeEstimate:
 class LeadTimeTracker:
     """Rolling cold-start samples of one Deployment; thread-safe (the watcher writes, RPCs read)."""
 
-    def __init__(self, window: int = 20, min_samples: int = 3, quantile: float = 0.9) -> None:
+    def __init__(self, window: int = lead_time.WINDOW, min_samples: int = lead_time.MIN_SAMPLES,
+                 quantile: float = lead_time.QUANTILE) -> None:
         if not (isinstance(window, int) and window >= 1):
             raise ValueError(f"LeadTimeTracker.window={window!r}: must be an integer >= 1")
         if not (isinstance(min_samples, int) and 1 <= min_samples <= window):
@@ -121,10 +121,8 @@ class LeadTimeTracker:
 
     def lead_time_s(self) -> float | None:
         """Nearest-rank p90 of the window, or None before ``min_samples`` starts."""
-        totals = [s.total_s for s in self.samples()]
-        if len(totals) < self.min_samples:
-            return None
-        return float(np.quantile(np.asarray(totals), self.quantile, method="inverted_cdf"))
+        return lead_time.rolling_lead_time([s.total_s for s in self.samples()], self.window, self.min_samples,
+                                           self.quantile)
 
     def estimate(self, fallback_s: float) -> LeadTimeEstimate:
         """The lead time to use: measured when there are enough samples, else ``fallback_s``."""

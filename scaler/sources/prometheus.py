@@ -38,11 +38,12 @@ import math
 import re
 import threading
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
 from scaler import histograms
+from scaler.assemble import FleetTotals, assemble_signals
 from scaler.signals import Signals
 from scaler.sources.base import SourceError, Target
 from scaler.sources.prometheus_auth import REDACTED, Material, PrometheusAuth
@@ -193,7 +194,8 @@ class PrometheusSource:
     One failed query fails only the targets it serves, each with a ``SourceError`` naming the query.
     """
 
-    def __init__(self, url: str, timeout_s: float = 2.0, auth: PrometheusAuth | None = None) -> None:
+    def __init__(self, url: str, timeout_s: float = 2.0, auth: PrometheusAuth | None = None,
+                 evaluation_time: float | None = None) -> None:
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
             raise ValueError(f"PrometheusSource url={shown(url)!r}: must be an http:// or https:// URL")
         if not (isinstance(timeout_s, (int, float)) and math.isfinite(timeout_s) and timeout_s > 0):
@@ -202,6 +204,11 @@ class PrometheusSource:
         self.timeout_s = float(timeout_s)
         self.auth = auth
         """Sent only to ``url``'s origin: a trigger's own ``prometheusAddress`` could be anyone's server."""
+        if evaluation_time is not None and not (isinstance(evaluation_time, (int, float))
+                                                and math.isfinite(evaluation_time)):
+            raise ValueError(f"PrometheusSource evaluation_time={evaluation_time!r}: must be finite Unix seconds")
+        self.evaluation_time = evaluation_time
+        """Evaluate every query at this Unix time instead of Prometheus's now (replaying its history)."""
         self._clients: dict[str, tuple[Any, Material]] = {}
         self._lock = threading.Lock()
 
@@ -244,7 +251,8 @@ class PrometheusSource:
         Messages name the address without its user:password and show no credential.
         """
         try:
-            result = self._client(address).custom_query(promql)
+            params = None if self.evaluation_time is None else {"time": repr(float(self.evaluation_time))}
+            result = self._client(address).custom_query(promql, params=params)
         except Exception as exc:  # requests, urllib3 and the client each raise their own types
             detail = self._redact(address, str(exc))[:300]
             raise SourceError(f"Prometheus {shown(address)} failed query {promql!r}: {type(exc).__name__}: "
@@ -321,46 +329,25 @@ class PrometheusSource:
                   eval_time: float, now: float, kv_cache_tokens: float | None = None) -> Signals:
         values = dict(target.label_matchers)
         key = (target.model, tuple(values[n] for n in names))
-        where = f"model_name={target.model!r}" + "".join(f", {n}={values[n]!r}" for n in names)
-        activation = self._activation(target, address)
-        if key not in tables["ready_replicas"]:
-            if activation is not None:
-                return Signals(at=now, prompt_tokens_per_s=0.0, generation_tokens_per_s=0.0, requests_waiting=0.0,
-                               requests_running=0.0, ready_replicas=0, activation_value=activation)
-            raise SourceError(f"no data: Prometheus {shown(address)} has no vllm:num_requests_running series for "
-                              f"{where} (no ready replica, a wrong model name or label, or scraping is broken)")
+        where = (f"model_name={target.model!r}" + "".join(f", {n}={values[n]!r}" for n in names)
+                 + f" on Prometheus {shown(address)}")
 
-        def required(signal: str, hint: str) -> float:
-            value = tables[signal].get(key, math.nan)
-            if not (math.isfinite(value) and value >= 0):
-                raise SourceError(f"no data: {signal} for {where} is {value!r} on {shown(address)} ({hint})")
-            return value
+        def value(signal: str) -> float:
+            return tables[signal].get(key, math.nan)
 
-        def optional(signal: str, clamp: Callable[[float], float] = lambda v: v) -> float | None:
-            value = tables[signal].get(key, math.nan)
-            return clamp(value) if math.isfinite(value) and value >= 0 else None
-
-        newest = tables["newest_sample"].get(key, math.nan)
-        age = max(0.0, eval_time - newest) if math.isfinite(eval_time) and math.isfinite(newest) else 0.0
-        window = promql_duration(target.rate_window_s)
-        return Signals(
-            at=now,
-            prompt_tokens_per_s=required("prompt_tokens_per_s", f"rate() needs two samples within {window}"),
-            generation_tokens_per_s=required("generation_tokens_per_s", f"rate() needs two samples within {window}"),
-            requests_waiting=required("requests_waiting", "gauge missing"),
-            requests_running=required("requests_running", "gauge missing"),
-            ready_replicas=int(required("ready_replicas", "no series")),
-            mean_prompt_tokens=optional("mean_prompt_tokens"),
-            mean_output_tokens=optional("mean_output_tokens"),
-            prompt_tokens_weighted_mean=histograms.token_weighted_mean(
-                self._buckets(tables["prompt_length_buckets"], key), optional("mean_prompt_tokens")),
-            ttft_buckets=tuple(sorted(self._buckets(tables["ttft_buckets"], key).items())) or None,
-            kv_cache_usage=optional("kv_cache_usage", lambda v: min(v, 1.0)),
-            kv_cache_tokens=kv_cache_tokens,
-            prefix_cache_hit_share=optional("prefix_cache_hit_share", lambda v: min(v, 1.0)),
-            activation_value=activation,
-            data_age_s=age,
-        )
+        newest = value("newest_sample")
+        return assemble_signals(FleetTotals(
+            at=now, where=where, rate_window_s=target.rate_window_s, has_series=key in tables["ready_replicas"],
+            ready_replicas=tables["ready_replicas"].get(key, 0.0),
+            prompt_tokens_per_s=value("prompt_tokens_per_s"), generation_tokens_per_s=value("generation_tokens_per_s"),
+            requests_waiting=value("requests_waiting"), requests_running=value("requests_running"),
+            mean_prompt_tokens=value("mean_prompt_tokens"), mean_output_tokens=value("mean_output_tokens"),
+            prompt_length_buckets=self._buckets(tables["prompt_length_buckets"], key),
+            ttft_buckets=self._buckets(tables["ttft_buckets"], key),
+            kv_cache_usage=value("kv_cache_usage"), kv_cache_tokens=kv_cache_tokens,
+            prefix_cache_hit_share=value("prefix_cache_hit_share"),
+            activation_value=self._activation(target, address),
+            data_age_s=eval_time - newest if math.isfinite(eval_time) and math.isfinite(newest) else 0.0))
 
     @staticmethod
     def _buckets(table: dict[SeriesKey, float], key: SeriesKey) -> dict[float, float]:

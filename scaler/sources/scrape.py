@@ -35,6 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from scaler import histograms
+from scaler.assemble import FleetTotals, assemble_signals
 from scaler.signals import Signals
 from scaler.sources.base import SourceError, Target
 
@@ -239,26 +240,23 @@ class ScrapeSource:
         latest = [pod.history[-1][1][target.model] for pod in ready]
         kv = [s.gauges["kv"] / s.kv_series for s in latest if s.kv_series]
         kv_tokens = [s.kv_cache_tokens for s in latest if s.kv_cache_tokens is not None]
-        return Signals(
-            at=now,
-            prompt_tokens_per_s=rates["prompt"],
-            generation_tokens_per_s=rates["generation"],
+
+        def ratio(top: str, bottom: str) -> float | None:
+            return rates[top] / rates[bottom] if rates[bottom] > 0 else None
+
+        return assemble_signals(FleetTotals(
+            at=now, where=f"model_name={target.model!r} on the pods' /metrics", rate_window_s=target.rate_window_s,
+            has_series=True, ready_replicas=len(ready), starting_replicas=len(starting),
+            prompt_tokens_per_s=rates["prompt"], generation_tokens_per_s=rates["generation"],
             requests_waiting=math.fsum(s.gauges["waiting"] for s in latest),
             requests_running=math.fsum(s.gauges["running"] for s in latest),
-            ready_replicas=len(ready),
-            starting_replicas=len(starting),
-            mean_prompt_tokens=rates["prompt_sum"] / rates["prompt_count"] if rates["prompt_count"] > 0 else None,
-            mean_output_tokens=rates["output_sum"] / rates["output_count"] if rates["output_count"] > 0 else None,
-            prompt_tokens_weighted_mean=histograms.token_weighted_mean(
-                _buckets(rates, "prompt_le="), rates["prompt_sum"] / rates["prompt_count"] if rates["prompt_count"] > 0
-                else None),
-            ttft_buckets=tuple(sorted(_buckets(rates, "ttft_le=").items())) or None,
-            kv_cache_usage=min(1.0, math.fsum(kv) / len(kv)) if kv else None,
+            mean_prompt_tokens=ratio("prompt_sum", "prompt_count"),
+            mean_output_tokens=ratio("output_sum", "output_count"),
+            prompt_length_buckets=_buckets(rates, "prompt_le="), ttft_buckets=_buckets(rates, "ttft_le="),
+            kv_cache_usage=math.fsum(kv) / len(kv) if kv else None,
             kv_cache_tokens=min(kv_tokens) if kv_tokens else None,
-            prefix_cache_hit_share=(min(1.0, rates["cache_hits"] / rates["cache_queries"])
-                                    if rates["cache_queries"] > 0 else None),
-            data_age_s=max(0.0, now - min(pod.history[-1][0] for pod in ready)),
-        )
+            prefix_cache_hit_share=ratio("cache_hits", "cache_queries"),
+            data_age_s=now - min(pod.history[-1][0] for pod in ready)))
 
     @staticmethod
     def _window(pod: _Pod, model: str, since: float) -> list[tuple[float, ModelSample]]:
