@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from scaler import keys
 from scaler.capacity import ReplicaCapacity
 from scaler.engine_limits import CapacityKeys
 from scaler.metadata_values import LABEL_NAME, Problem, Reader
@@ -36,12 +37,8 @@ REQUIRED_CAPACITY_KEYS = ("prefillTokensPerSecond", "decodeTokensPerSecond")
 OPTIONAL_CAPACITY_KEYS = ("prefillAttentionTokens", "decodeContextTokens")
 """With the explicit keys only: K of ``ReplicaCapacity.prefill_attention_tokens`` and K_d of
 ``decode_context_tokens`` (a profile carries its own)."""
-CORE_KEYS = (
-    "model", "prometheusAddress", "profile", *EXPLICIT_CAPACITY_KEYS, *OPTIONAL_CAPACITY_KEYS, "ttftSeconds",
-    "targetUtilization", "leadTime", "scaleDownDelay", "minReplicas", "maxReplicas", "activationQuery",
-    "activationThreshold", "namespaceLabel", "labelSelector", "rateWindow", "scrapeTargets", "trafficWeight",
-    "routeSelector",
-)
+CORE_KEYS = keys.core_names()
+"""Every key ``_parse`` reads itself (``scaler.keys.KEYS`` declares them all, tunables after)."""
 # KEDA's own external-scaler keys: KEDA forwards the whole trigger metadata, these included
 KEDA_KEYS = ("scalerAddress", "enableTLS", "unsafeSsl", "caCert", "tlsCertFile", "tlsClientCert", "tlsClientKey")
 FROM_ENV = "FromEnv"
@@ -53,21 +50,11 @@ _CACHE_SIZE = 1024
 _CACHE_MAX_CHARS = 1 << 16
 """Maps larger than this (only hostile ones are) are parsed every time rather than kept: 1024 of them could
 otherwise hold a gigabyte."""
-# PolicyConfig field -> the metadata key that sets it (to translate the policy's own errors)
-CORE_POLICY_FIELDS = {
-    "ttft_slo_s": "ttftSeconds", "target_utilization": "targetUtilization", "lead_time_s": "leadTime",
-    "scale_down_delay_s": "scaleDownDelay", "min_replicas": "minReplicas", "max_replicas": "maxReplicas",
-    "activation_threshold": "activationThreshold", "capacity": "profile", "rate_window_s": "rateWindow",
-}
-
-
-# policy tunables a trigger may set: metadata key -> (PolicyConfig field, type); declared here, not derived,
-# so every key is documented and a new policy field becomes a key only when someone adds (and documents) it
-POLICY_TUNABLES: dict[str, tuple[str, type]] = {
-    "backlogDrainSeconds": ("backlog_drain_s", float), "headroomQuantile": ("headroom_quantile", float),
-    "headroomHistorySeconds": ("headroom_history_s", float), "trendWindowSeconds": ("trend_window_s", float),
-    "trendConfidence": ("trend_confidence", float), "leadTimeScale": ("lead_time_scale", float),
-}
+CORE_POLICY_FIELDS = {field: name for field, name in keys.policy_fields().items()
+                      if not keys.BY_NAME[name].tunable}
+"""PolicyConfig field -> the core key that sets it (to translate the policy's own errors)."""
+POLICY_TUNABLES: dict[str, tuple[str, type]] = keys.tunables()
+"""Policy tunables a trigger may set: key -> (PolicyConfig field, type), from ``scaler.keys``."""
 
 
 @functools.cache
@@ -106,19 +93,19 @@ class ScalerConfig:
     """The replica's capacity when fully known from metadata; None: engine limits read per snapshot."""
     profile: str | None = None
     prometheus_address: str | None = None
-    ttft_s: float = 2.0
-    target_utilization: float = 1.0
-    lead_time_s: float = 180.0
+    ttft_s: float = keys.default("ttftSeconds")
+    target_utilization: float = keys.default("targetUtilization")
+    lead_time_s: float = keys.default("leadTime")
     lead_time_auto: bool = False
-    scale_down_delay_s: float = 300.0
+    scale_down_delay_s: float = keys.default("scaleDownDelay")
     min_replicas: int | None = None
     """None: not set in metadata (the ScaledObject's minReplicaCount via the Kubernetes observer, else 0)."""
     max_replicas: int | None = None
     activation_query: str | None = None
-    activation_threshold: float = 0.0
+    activation_threshold: float = keys.default("activationThreshold")
     namespace_label: str | None = None
     label_selector: tuple[tuple[str, str], ...] = ()
-    rate_window_s: float = 60.0
+    rate_window_s: float = keys.default("rateWindow")
     scrape_targets: tuple[str, ...] = ()
     tunables: tuple[tuple[str, float | int], ...] = ()
     """Extra ``PolicyConfig`` fields set from metadata, as (field name, value)."""
@@ -189,6 +176,13 @@ class ScalerConfig:
                       rate_window_s=self.rate_window_s)
 
 
+def _read(reader: Reader, name: str, required: bool = False, extra: str = "") -> Any:
+    """Key ``name`` as ``scaler.keys`` declares it (kind, default, range); a problem recorded when invalid."""
+    key = keys.BY_NAME[name]
+    return reader.number(name, key.default, key.low, key.high, low_open=key.low_open, required=required,
+                         kind=key.kind, extra=extra)
+
+
 def known_keys() -> tuple[str, ...]:
     """Every accepted metadata key: the core ones, then the policy's tunables."""
     return CORE_KEYS + tuple(policy_tunables())
@@ -217,17 +211,15 @@ def _capacity(reader: Reader, ttft_s: float | None) -> tuple[ReplicaCapacity | C
         reader.problem("profile", None, "a profile name, or " + " and ".join(REQUIRED_CAPACITY_KEYS)
                        + " (maxNumSeqs and kvCacheTokens are read from the engine unless given)")
         return None, None
-    prefill = reader.number("prefillTokensPerSecond", None, low=0.0, low_open=True, required=True)
-    decode = reader.number("decodeTokensPerSecond", None, low=0.0, low_open=True, required=True)
-    seqs = reader.number("maxNumSeqs", None, low=1, kind="integer")
-    kv = reader.number("kvCacheTokens", None, low=1, kind="integer")
-    attention = reader.number("prefillAttentionTokens", None, low=0.0, low_open=True)
-    context = reader.number("decodeContextTokens", None, low=0.0, low_open=True)
+    prefill = _read(reader, "prefillTokensPerSecond", required=True)
+    decode = _read(reader, "decodeTokensPerSecond", required=True)
+    seqs, kv = _read(reader, "maxNumSeqs"), _read(reader, "kvCacheTokens")
+    attention, context = _read(reader, "prefillAttentionTokens"), _read(reader, "decodeContextTokens")
     if prefill is None or decode is None or (reader.raw.get("maxNumSeqs") and seqs is None) or (
             reader.raw.get("kvCacheTokens") and kv is None):
         return None, None
-    keys = CapacityKeys(prefill, decode, seqs, kv, attention, context)
-    return (keys.capacity(1, 1) if keys.complete else keys), None
+    given = CapacityKeys(prefill, decode, seqs, kv, attention, context)
+    return (given.capacity(1, 1) if given.complete else given), None
 
 
 def _label_name_problem(name: str) -> str | None:
@@ -273,7 +265,7 @@ def _labels(reader: Reader) -> tuple[str | None, tuple[tuple[str, str], ...]]:
 def _route(reader: Reader, namespace_label: str | None, own: tuple[tuple[str, str], ...],
            scrape_targets: tuple[str, ...]) -> tuple[float | None, tuple[tuple[str, str], ...]]:
     """``trafficWeight`` (percent -> share) and ``routeSelector``: both or neither (scaler.route)."""
-    weight = reader.number("trafficWeight", None, 0.0, 100.0)
+    weight = _read(reader, "trafficWeight")
     route = _selector(reader, "routeSelector", namespace_label)
     given_weight, given_route = bool(reader.raw.get("trafficWeight", "").strip()), bool(route)
     if given_weight != given_route:
@@ -319,18 +311,18 @@ def _parse(given: Mapping[str, str]) -> ScalerConfig:
     reader = Reader(raw, VALUE_LIMITS)
     model = reader.text("model", required=True)
     prometheus_address = reader.url("prometheusAddress")
-    ttft = reader.number("ttftSeconds", 2.0, low=0.0, low_open=True, high=3600.0)
-    utilization = reader.number("targetUtilization", 1.0, low=0.0, low_open=True, high=1.0)
+    ttft = _read(reader, "ttftSeconds")
+    utilization = _read(reader, "targetUtilization")
     lead_auto = raw.get("leadTime", "").strip().lower() == "auto"
-    lead = 180.0 if lead_auto else reader.number("leadTime", 180.0, 0.0, 86400.0, kind="duration", extra="or 'auto'")
-    delay = reader.number("scaleDownDelay", 300.0, 0.0, 7 * 86400.0, kind="duration")
-    window = reader.number("rateWindow", 60.0, 1.0, 86400.0, kind="duration")
-    low = reader.number("minReplicas", None, 0, 100000, kind="integer")
-    high = reader.number("maxReplicas", None, 1, 100000, kind="integer")
+    lead = keys.default("leadTime") if lead_auto else _read(reader, "leadTime", extra="or 'auto'")
+    delay = _read(reader, "scaleDownDelay")
+    window = _read(reader, "rateWindow")
+    low = _read(reader, "minReplicas")
+    high = _read(reader, "maxReplicas")
     if low is not None and high is not None and high < low:
         reader.problem("maxReplicas", raw["maxReplicas"], f"an integer >= minReplicas ({low})")
     activation_query = reader.text("activationQuery")
-    threshold = reader.number("activationThreshold", 0.0, low=0.0)
+    threshold = _read(reader, "activationThreshold")
     if "activationThreshold" in raw and activation_query is None:
         reader.problem("activationThreshold", raw["activationThreshold"], "set only together with activationQuery")
     namespace_label, selector = _labels(reader)
@@ -345,9 +337,9 @@ def _parse(given: Mapping[str, str]) -> ScalerConfig:
     reader.problems.extend(problems)  # unknown keys last: a hundred of them must not hide a bad known one
     if reader.problems or capacity is None or model is None:
         raise MetadataError(reader.problems or [Problem("profile", None, "a replica capacity")])
-    keys = capacity if isinstance(capacity, CapacityKeys) else None
+    explicit = capacity if isinstance(capacity, CapacityKeys) else None
     config = ScalerConfig(
-        model=model, capacity=None if keys is not None else capacity, capacity_keys=keys, profile=profile,
+        model=model, capacity=None if explicit is not None else capacity, capacity_keys=explicit, profile=profile,
         prometheus_address=prometheus_address, ttft_s=ttft,
         target_utilization=utilization, lead_time_s=lead, lead_time_auto=lead_auto, scale_down_delay_s=delay,
         min_replicas=low, max_replicas=high, activation_query=activation_query, activation_threshold=threshold,
@@ -365,11 +357,11 @@ def _check_policy(config: ScalerConfig, raw: Mapping[str, str], key_of_field: di
         config.policy_config(capacity=config.capacity or (config.capacity_keys.capacity(1, 1)
                                                            if config.capacity_keys is not None else None))
     except (TypeError, ValueError) as exc:
-        keys = {**CORE_POLICY_FIELDS, **key_of_field}
+        key_of = {**CORE_POLICY_FIELDS, **key_of_field}
         problems = []
         for part in str(exc).split(": ", 1)[-1].split("; "):
             field_name, _, rest = part.partition("=")
-            key = keys.get(field_name.strip(), "metadata")
+            key = key_of.get(field_name.strip(), "metadata")
             allowed = rest.split(": must be ", 1)[-1] if ": must be " in rest else part
             problems.append(Problem(key, raw.get(key), allowed))
         raise MetadataError(problems) from None

@@ -25,15 +25,13 @@ DEFAULT_SCALER_ADDRESS = "leadscale.keda.svc.cluster.local:9090"
 
 
 def metadata_key(field_name: str) -> str:
-    """The trigger metadata key that sets ``PolicyConfig.<field_name>`` (as ``scaler.metadata`` parses it)."""
-    from scaler import metadata
+    """The trigger metadata key that sets ``PolicyConfig.<field_name>`` (``scaler.keys`` declares them)."""
+    from scaler import keys
 
-    for key, (name, _kind) in metadata.policy_tunables().items():
-        if name == field_name:
-            return key
-    if field_name in metadata.CORE_POLICY_FIELDS:
-        return metadata.CORE_POLICY_FIELDS[field_name]
-    raise KeyError(f"PolicyConfig field {field_name!r} has no trigger metadata key")
+    try:
+        return keys.policy_fields()[field_name]
+    except KeyError:
+        raise KeyError(f"PolicyConfig field {field_name!r} has no trigger metadata key") from None
 
 
 def _number(value: float) -> str:
