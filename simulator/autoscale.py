@@ -31,9 +31,11 @@ from simulator import oracle as oracle_mod
 from simulator.cluster import Cluster, Pod
 from simulator.coldstart import ColdStart, as_cold_start
 from simulator.control import ControlLoop
+from simulator.engine_backend import EngineBackend
 from simulator.observe import ObserveConfig, Observer
 from simulator.oracle_run import OracleBudget, OracleInputs, run_oracle
 from simulator.policies import Fixed, OracleSpec, TriggerPolicy, View, make_policy
+from simulator.results import Outcome
 from simulator.workload import select_window
 
 TIMELINE_STEP_S = 10.0
@@ -54,20 +56,6 @@ class Backend(Protocol):
 
 
 @dataclass
-class Outcome:
-    """What the engine reports after a run: per-request arrays and its own summary."""
-
-    arrival_s: np.ndarray
-    ttft_s: np.ndarray
-    """NaN for requests that never got a first token (rejected or aborted)."""
-    rejected: int
-    end_s: float
-    summary: dict[str, Any] = field(default_factory=dict)
-    status: np.ndarray | None = None
-    """Per-request status (``simulator.results``: finished, rejected, aborted, pending), when known."""
-
-
-@dataclass
 class AutoscaleResult:
     """One policy's run: the summary, the replica timeline, per-request TTFTs, leadscale's decisions."""
 
@@ -81,9 +69,7 @@ class AutoscaleResult:
 
 
 def default_backend(workload: Any, profile: Any, seed: int, slo_ttft_s: float, **options: Any) -> Backend:
-    """The real engine behind the Backend protocol (imported lazily: it is the core's module)."""
-    from simulator.engine_backend import EngineBackend
-
+    """The real engine behind the Backend protocol."""
     return EngineBackend(workload, profile, seed=seed, slo_ttft_s=slo_ttft_s, **options)
 
 
@@ -159,7 +145,7 @@ def run_autoscaled(workload: Any, profile: Any, policy: str | TriggerPolicy | Fi
     if not isinstance(built, OracleSpec):
         return once(None)
     if oracle_alpha is not None:
-        result = once(alpha_plans(need, oracle_alpha, cold, seed, initial_replicas, min_replicas))
+        result = once(oracle_mod.alpha_plans(need, oracle_alpha, cold, seed, initial_replicas, min_replicas))
         result.summary["oracle_alpha"] = oracle_alpha
         return result
     def part_run(part: Any, plans: list[oracle_mod.PodPlan]) -> AutoscaleResult:
@@ -241,16 +227,6 @@ def initial_fleet(workload: Any, profile: Any, need: np.ndarray, slo_ttft_s: flo
         if p95 is not None and p95 <= slo_ttft_s:
             return replicas
     return estimate
-
-
-def alpha_plans(need: np.ndarray, alpha: float, cold: ColdStart, seed: int, initial: int,
-                min_replicas: int) -> list[oracle_mod.PodPlan]:
-    """The headroom-alpha schedule's pods (``simulator.oracle``), its cold starts drawn in order from the
-    run's stream, gaps bridged by the mean cold start: the oracle before issue #11, kept as a candidate."""
-    rng = np.random.default_rng([seed, 4])
-    replicas = oracle_mod.replicas_per_bucket(need, alpha, min_replicas)
-    return oracle_mod.plan_pods(replicas, oracle_mod.BUCKET_S, lambda: cold.sample(rng), bridge_s=cold.mean(),
-                                warm_limit=initial)
 
 
 def _simulate(backend: Backend, policy: TriggerPolicy | Fixed | OracleSpec, cold: ColdStart, seed: int,

@@ -13,7 +13,7 @@ from typing import Any
 
 from simulator.engine import Engine, EngineConfig
 from simulator.replica import ReplicaMetrics
-from simulator.results import REJECTED
+from simulator.results import REJECTED, Outcome
 
 
 class EngineBackend:
@@ -52,8 +52,6 @@ class EngineBackend:
         self.engine.every(period_s, fn)
 
     def run(self) -> Any:
-        from simulator.autoscale import Outcome
-
         result = self.engine.run()
         log = result.log
         return Outcome(arrival_s=log.arrival_s, ttft_s=log.first_token_s - log.arrival_s,

@@ -162,3 +162,12 @@ def search_alpha(meets: Callable[[float], bool], start: float = 1.25, low: float
     if not verified:
         meets(hi)
     return hi
+
+
+def alpha_plans(need: np.ndarray, alpha: float, cold: Any, seed: int, initial: int,
+                min_replicas: int) -> list[PodPlan]:
+    """The headroom-alpha schedule's pods, its cold starts (a ``ColdStart``) drawn in order from the
+    run's stream, gaps bridged by the mean cold start: the oracle before issue #11, kept as a candidate."""
+    rng = np.random.default_rng([seed, 4])
+    replicas = replicas_per_bucket(need, alpha, min_replicas)
+    return plan_pods(replicas, BUCKET_S, lambda: cold.sample(rng), bridge_s=cold.mean(), warm_limit=initial)

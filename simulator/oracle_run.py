@@ -228,12 +228,10 @@ def _lengths(windows: oracle_curves.Windows, end: float) -> np.ndarray:
 def _alpha_candidate(i: OracleInputs, simulate: Callable[[list[oracle_mod.PodPlan]], Any], steps: int,
                      ) -> tuple[float, Any]:
     """The pre-#11 oracle: the smallest headroom alpha whose schedule meets the SLO (bisection)."""
-    from simulator.autoscale import alpha_plans
-
     tried: dict[float, Any] = {}
 
     def meets(alpha: float) -> bool:
-        tried[alpha] = simulate(alpha_plans(i.need, alpha, i.cold, i.seed, i.initial, i.min_replicas))
+        tried[alpha] = simulate(oracle_mod.alpha_plans(i.need, alpha, i.cold, i.seed, i.initial, i.min_replicas))
         return judge(tried[alpha], i.slo_ttft_s, SLO_SHARE)[0]
 
     best = oracle_mod.search_alpha(meets, steps=steps)

@@ -18,6 +18,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from simulator.figures import save_figure
+
 TABLE_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("gpu_hours", "GPU-hours", "{:.2f}"),
     ("ttft_p95", "p95 TTFT (s)", "{:.2f}"),
@@ -82,16 +84,6 @@ def _legend_and_grid(ax: Any, loc: str) -> None:
     ax.grid(alpha=0.3)
 
 
-def _save(fig: Any, out_dir: Path, name: str) -> str:
-    """Write one figure as a PNG beside the report and free it; returns the file name for the report."""
-    import matplotlib.pyplot as plt
-
-    fig.tight_layout()
-    fig.savefig(out_dir / name, dpi=90)
-    plt.close(fig)
-    return name
-
-
 def plot(results: Mapping[str, ResultLike], out_dir: Path, slo_ttft_s: float) -> list[str]:
     """Write the PNGs; returns their file names."""
     import matplotlib
@@ -115,7 +107,7 @@ def plot(results: Mapping[str, ResultLike], out_dir: Path, slo_ttft_s: float) ->
         ax.grid(alpha=0.3)
     axes[0, 0].legend(fontsize=8, loc="upper right")
     axes[-1, 0].set_xlabel("time (min)")
-    files.append(_save(fig, out_dir, "replicas.png"))
+    files.append(save_figure(fig, out_dir, "replicas.png"))
 
     fig, ax = plt.subplots(figsize=(10, 3.5))
     for name in names:
@@ -126,7 +118,7 @@ def plot(results: Mapping[str, ResultLike], out_dir: Path, slo_ttft_s: float) ->
     ax.set_xlabel("time (min)")
     ax.set_ylabel("p95 TTFT per minute (s)")
     _legend_and_grid(ax, "upper left")
-    files.append(_save(fig, out_dir, "ttft_over_time.png"))
+    files.append(save_figure(fig, out_dir, "ttft_over_time.png"))
 
     fig, ax = plt.subplots(figsize=(7, 4))
     for name in names:
@@ -141,7 +133,7 @@ def plot(results: Mapping[str, ResultLike], out_dir: Path, slo_ttft_s: float) ->
     ax.set_xlabel("TTFT (s)")
     ax.set_ylabel("fraction of requests")
     _legend_and_grid(ax, "lower right")
-    files.append(_save(fig, out_dir, "ttft_cdf.png"))
+    files.append(save_figure(fig, out_dir, "ttft_cdf.png"))
     return files
 
 

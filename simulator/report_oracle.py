@@ -71,7 +71,7 @@ def plot_budget(results: Mapping[str, Any], out_dir: Path) -> str | None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from simulator.report import _save
+    from simulator.figures import save_figure
 
     share = [100 * c["late_share"] for c in curve]
     bound = [c["lower_bound_gpu_hours"] for c in curve]
@@ -97,4 +97,4 @@ def plot_budget(results: Mapping[str, Any], out_dir: Path) -> str | None:
     ax.set_title("cost versus miss budget", fontsize=10, loc="left")
     ax.legend(fontsize=7, loc="best")
     ax.grid(alpha=0.3)
-    return _save(fig, out_dir, "oracle_budget.png")
+    return save_figure(fig, out_dir, "oracle_budget.png")

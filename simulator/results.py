@@ -252,3 +252,17 @@ class SimulationResult:
 def dumps(summary: dict[str, Any]) -> str:
     """JSON text of a summary; refuses NaN/inf (a bug upstream), never writes them."""
     return json.dumps(summary, allow_nan=False, indent=2, sort_keys=False)
+
+
+@dataclass
+class Outcome:
+    """What the engine reports after a run: per-request arrays and its own summary."""
+
+    arrival_s: np.ndarray
+    ttft_s: np.ndarray
+    """NaN for requests that never got a first token (rejected or aborted)."""
+    rejected: int
+    end_s: float
+    summary: dict[str, Any] = field(default_factory=dict)
+    status: np.ndarray | None = None
+    """Per-request status (``simulator.results``: finished, rejected, aborted, pending), when known."""

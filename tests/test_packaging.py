@@ -96,3 +96,49 @@ def test_simulator_command_without_the_extra_names_what_to_install(tmp_path) -> 
     assert "Traceback" not in result.stderr
     assert "pip install 'leadscale[sim]'" in result.stderr
     assert any(f"'{m}'" in result.stderr for m in SIM_ONLY), result.stderr
+
+
+def _package_imports(path) -> set[str]:
+    """Every ``scaler``/``simulator`` module ``path`` imports, lazily (in a function) or not."""
+    found = set()
+    for name in _imported_modules(path):
+        if name.split(".")[0] in ("scaler", "simulator"):
+            found.add(name)
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):  # ``from simulator import oracle`` names a module too
+        if isinstance(node, ast.ImportFrom) and node.module in ("scaler", "simulator") and node.level == 0:
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return found
+
+
+def test_no_import_cycles_in_the_packages() -> None:
+    """A cycle, even one hidden behind a function-level import, is a design knot (autoscale <-> engine_backend)."""
+    modules = {}
+    for package in ("scaler", "simulator"):
+        for path in (ROOT / package).rglob("*.py"):
+            if "_proto" in path.parts:
+                continue
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            modules[name] = path
+    graph = {name: {m for m in _package_imports(path) if m in modules and m != name}
+             for name, path in modules.items()}
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return [*stack[stack.index(nxt):], nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for name in sorted(graph):
+        if name not in state:
+            cycle = visit(name)
+            assert cycle is None, " -> ".join(cycle)
