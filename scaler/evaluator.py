@@ -350,7 +350,7 @@ class Evaluator:
             entry.held, entry.error = held, None
         changed = previous.decision is None or (previous.decision.desired_replicas, previous.decision.active) != (
             decision.desired_replicas, decision.active)
-        if merged.seen and decision.desired_replicas < signals.ready_replicas:
+        if self.kube is not None and merged.seen and decision.desired_replicas < signals.ready_replicas:
             try:
                 evaluator_kube.before_scale_down(self.kube, entry.namespace, entry.name, entry.config.model)
             except Exception as exc:

@@ -101,6 +101,7 @@ class DiscoveredScrape:
             else:
                 self.source = self.make_source(urls)
             self.urls = urls
+        assert self.source is not None  # set just above when missing
         return self.source.fetch(targets, now)
 
     @staticmethod

@@ -69,7 +69,7 @@ BY_NAME: dict[str, Key] = {key.name: key for key in KEYS}
 def default(name: str) -> Any:
     """The default of key ``name``: the table's, or for a tunable the ``PolicyConfig`` field's."""
     key = BY_NAME[name]
-    return policy_defaults()[key.policy_field] if key.tunable else key.default
+    return policy_defaults()[str(key.policy_field)] if key.tunable else key.default
 
 
 @functools.cache

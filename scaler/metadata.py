@@ -28,7 +28,8 @@ from typing import Any
 from scaler import keys
 from scaler.capacity import ReplicaCapacity
 from scaler.engine_limits import CapacityKeys
-from scaler.metadata_values import LABEL_NAME, Problem, Reader
+from scaler.metadata_values import LABEL_NAME, Reader
+from scaler.metadata_values import Problem as Problem
 from scaler.sources.base import RESERVED_LABELS
 
 EXPLICIT_CAPACITY_KEYS = ("prefillTokensPerSecond", "decodeTokensPerSecond", "maxNumSeqs", "kvCacheTokens")
@@ -338,8 +339,9 @@ def _parse(given: Mapping[str, str]) -> ScalerConfig:
     if reader.problems or capacity is None or model is None:
         raise MetadataError(reader.problems or [Problem("profile", None, "a replica capacity")])
     explicit = capacity if isinstance(capacity, CapacityKeys) else None
+    known = capacity if isinstance(capacity, ReplicaCapacity) else None
     config = ScalerConfig(
-        model=model, capacity=None if explicit is not None else capacity, capacity_keys=explicit, profile=profile,
+        model=model, capacity=known, capacity_keys=explicit, profile=profile,
         prometheus_address=prometheus_address, ttft_s=ttft,
         target_utilization=utilization, lead_time_s=lead, lead_time_auto=lead_auto, scale_down_delay_s=delay,
         min_replicas=low, max_replicas=high, activation_query=activation_query, activation_threshold=threshold,

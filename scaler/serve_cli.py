@@ -117,7 +117,7 @@ def _env_default(flag: str, convert: Callable[[str], Any], default: Any) -> Any:
         raise SystemExit(f"leadscale serve: environment {_env_name(flag)}={raw!r}: {exc}") from None
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``serve`` subcommand."""
     parser = subparsers.add_parser(
         "serve",

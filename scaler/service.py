@@ -13,6 +13,7 @@ service and server reflection run on the same port; TLS and mTLS come from PEM f
 
 from __future__ import annotations
 
+import functools
 import logging
 import signal
 import threading
@@ -70,6 +71,10 @@ class ExternalScalerServicer(pb_grpc.ExternalScalerServicer):
         context.abort(code, shorten(message, MAX_DETAILS_CHARS))
         raise AssertionError("unreachable: context.abort raises")
 
+    def _moved_or_stopping(self, seen: int) -> bool:
+        """A StreamIsActive wake-up: some decision changed since ``seen``, or the server is stopping."""
+        return self.evaluator.generation != seen or self.stopping.is_set()
+
     def _object(self, ref: pb.ScaledObjectRef) -> tuple[str, str, dict[str, str]]:
         if not ref.name:
             raise MetadataError([Problem("scaledObjectRef.name", None, "the ScaledObject's name (KEDA sets it)")])
@@ -118,8 +123,7 @@ class ExternalScalerServicer(pb_grpc.ExternalScalerServicer):
                 last = active
                 yield pb.IsActiveResponse(result=active)
             with changed:
-                changed.wait_for(lambda s=seen: self.evaluator.generation != s or self.stopping.is_set(),
-                                 self.stream_check_s)
+                changed.wait_for(functools.partial(self._moved_or_stopping, seen), self.stream_check_s)
 
 
 @dataclass(frozen=True)

@@ -186,8 +186,9 @@ def fit_step_samples(samples: list[StepSample], base: LinearStepTime) -> LinearS
     def model(p: np.ndarray) -> np.ndarray:
         d = dict(zip(names, p, strict=True))
         lin = np.maximum(d["floor_s"], d["intercept_s"] + d["per_token_s"] * x[:, 0])
-        return (d["overhead_s"] + lin + d["per_seq_s"] * x[:, 1] + d["per_context_token_s"] * x[:, 2]
-                + d["prefill_attention_s"] * x[:, 3])
+        out: np.ndarray = (d["overhead_s"] + lin + d["per_seq_s"] * x[:, 1] + d["per_context_token_s"] * x[:, 2]
+                           + d["prefill_attention_s"] * x[:, 3])
+        return out
 
     p0 = np.array([getattr(base, n) for n in names], dtype=np.float64)
     scale = np.where(p0 > 0, p0, 1e-9)

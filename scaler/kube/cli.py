@@ -17,7 +17,7 @@ import sys
 from typing import Any
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``kube-status`` and ``shutdown-advice``."""
     status = subparsers.add_parser("kube-status", help="what the scaler sees of a ScaledObject's pods (JSON)",
                                    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

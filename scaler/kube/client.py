@@ -25,7 +25,7 @@ from typing import Any
 
 import urllib3
 from kubernetes import client, config, watch
-from kubernetes.client.rest import ApiException
+from kubernetes.client.exceptions import ApiException
 
 KEDA_GROUP = "keda.sh"
 KEDA_VERSION = "v1alpha1"
@@ -97,8 +97,12 @@ class KubeApi:
     def get_scaled_object(self, namespace: str, name: str) -> dict[str, Any]:
         """The ScaledObject as a dict (KEDA's CRD has no generated model)."""
         with _calling(f"ScaledObject {namespace}/{name}", "get", "scaledobjects.keda.sh"):
-            return self.custom.get_namespaced_custom_object(
+            found = self.custom.get_namespaced_custom_object(
                 KEDA_GROUP, KEDA_VERSION, namespace, "scaledobjects", name, _request_timeout=self.timeout)
+        if not isinstance(found, dict):
+            raise KubeError(f"ScaledObject {namespace}/{name}: the API server answered {type(found).__name__}, "
+                            "not an object")
+        return found
 
     def get_deployment(self, namespace: str, name: str) -> client.V1Deployment:
         """The scale target."""

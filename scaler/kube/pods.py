@@ -123,6 +123,8 @@ def _deletion_cost(annotations: dict[str, str] | None) -> int | None:
 def pod_state(pod: V1Pod) -> PodState:
     """Reduce a deserialized ``V1Pod`` (from a list, a get or a watch event) to a ``PodState``."""
     meta = pod.metadata
+    if meta is None:
+        raise ValueError("a Pod without metadata: the API server always sends it")
     status = pod.status
     conditions = _conditions(pod)
 

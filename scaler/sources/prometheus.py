@@ -238,7 +238,7 @@ class PrometheusSource:
                 session.verify, session.cert = material.verify, material.cert
                 client = PrometheusConnect(url=address, headers=dict(material.headers) or None, auth=material.basic,
                                            retry=Retry(total=0, raise_on_status=False), session=session,
-                                           timeout=self.timeout_s)  # type: ignore[arg-type]
+                                           timeout=self.timeout_s)
                 self._clients.pop(address, None)
                 while len(self._clients) >= MAX_CLIENTS:  # triggers' own addresses come and go: oldest out
                     self._clients.pop(next(iter(self._clients)))

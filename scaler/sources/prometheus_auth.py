@@ -53,7 +53,7 @@ class PrometheusAuth:
 
     modes: frozenset[str]
     directory: Path
-    _stamp: tuple[float, ...] | None = field(default=None, init=False, repr=False)
+    _stamp: tuple[tuple[str, int, int], ...] | None = field(default=None, init=False, repr=False)
     _material: Material | None = field(default=None, init=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
@@ -96,7 +96,7 @@ class PrometheusAuth:
             stamp = self._stamp or ()
         with self._lock:
             if self._material is None or stamp != self._stamp:
-                self._material, self._stamp = self._read(paths), stamp  # type: ignore[assignment]
+                self._material, self._stamp = self._read(paths), stamp
             return self._material
 
     def _read(self, paths: dict[str, Path]) -> Material:
