@@ -350,9 +350,16 @@ def work(url: str, study: str, idle_exit_s: float = 60.0, max_runs: int | None =
         beat.stop()
         from optuna.trial import TrialState
 
-        store.storage.set_trial_user_attr(trial_id, "summary", plain(summary))
-        store.storage.set_trial_user_attr(trial_id, "worker", f"{os.uname().nodename}:{os.getpid()}")
-        store.storage.set_trial_state_values(trial_id, state=TrialState.COMPLETE, values=[0.0])
+        try:
+            store.storage.set_trial_user_attr(trial_id, "summary", plain(summary))
+            store.storage.set_trial_user_attr(trial_id, "worker", f"{os.uname().nodename}:{os.getpid()}")
+            store.storage.set_trial_state_values(trial_id, state=TrialState.COMPLETE, values=[0.0])
+        except store._optuna.exceptions.UpdateFinishedTrialError:
+            # our heartbeat was judged stale (a starved machine) and the run was failed and requeued:
+            # its retry computes the same seeded result, so this copy is dropped, not an error
+            if say is not None:
+                say(f"run of trial {trial_id} was requeued while it ran; its retry stands")
+            continue
         done += 1
         idle_since = time.monotonic()
         if say is not None:
