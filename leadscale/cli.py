@@ -22,6 +22,8 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
     "simulator.compare_cli",
     "simulator.advisor_cli",
 )
+# top-level modules the ``sim`` extra installs (pyproject.toml; tests/test_packaging.py keeps the two equal)
+SIM_EXTRA_MODULES = frozenset({"optuna", "matplotlib", "tqdm", "numba"})
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -49,9 +51,6 @@ def main(argv: list[str] | None = None) -> int:
         print(missing_extra(args.command, exc.name), file=sys.stderr)
         return 2
 
-
-# top-level modules the ``sim`` extra installs (pyproject.toml); the scaler alone needs none of them
-SIM_EXTRA_MODULES = frozenset({"optuna", "matplotlib", "tqdm", "numba"})
 
 
 def missing_extra(command: str, module: str) -> str:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TypeGuard
 
 from scaler import histograms
 from scaler.signals import Signals
@@ -59,12 +60,12 @@ class FleetTotals:
     data_age_s: float = 0.0
 
 
-def _usable(value: float | None) -> bool:
+def _usable(value: float | None) -> TypeGuard[float]:
     return value is not None and math.isfinite(value) and value >= 0
 
 
 def _optional(value: float | None, cap: float = math.inf) -> float | None:
-    return min(float(value), cap) if value is not None and _usable(value) else None
+    return min(float(value), cap) if _usable(value) else None
 
 
 def _finite_buckets(buckets: Mapping[float, float]) -> dict[float, float]:

@@ -6,8 +6,9 @@ scaled object answers lives here, once:
 
 - ``usable``: a source's answer is used only when it is a ``Signals`` no older than the staleness
   limit; otherwise ``Skipped`` (reason ``source`` or ``stale``) and the object keeps its last decision;
-- ``route_pair``: a route member needs the route's snapshot; a version with no series of its own yet
-  (a canary before its first pod) gets an empty one (``scaler.route.empty_signals``);
+- ``inputs``: the snapshots a step decides on; a route member also needs the route's, and a version
+  with no series of its own yet (a canary before its first pod) gets an empty one
+  (``scaler.route.empty_signals``);
 - ``step``: the engine limits the metadata leaves open come from the snapshot (none: ``Skipped``),
   then ``policy.decide`` (or ``route.decide_share`` for a route member); the ``PolicyConfig`` is
   rebuilt only when its bounds or capacity change;
@@ -60,15 +61,19 @@ class Held:
 def usable(result: Signals | SourceError | None, staleness_limit_s: float) -> Signals:
     """``result`` when it can be decided on; else ``Skipped`` saying why."""
     if not isinstance(result, Signals):
-        raise Skipped(str(result) if result is not None else "the source returned nothing", "source")
+        raise Skipped((str(result) or type(result).__name__) if result is not None else "the source returned nothing",
+                      "source")
     if result.data_age_s > staleness_limit_s:
         raise Skipped(f"data is {result.data_age_s:.0f} s old (limit {staleness_limit_s:g} s)", "stale")
     return result
 
 
-def route_pair(own: Signals | SourceError | None, route: Signals | SourceError | None, staleness_limit_s: float,
-               route_label: str = "") -> tuple[Signals, Signals]:
-    """(own, route) snapshots of a route member; the route must answer, a version without series is empty."""
+def inputs(own: Signals | SourceError | None, route: Signals | SourceError | None, staleness_limit_s: float,
+           route_label: str = "") -> tuple[Signals, Signals | None]:
+    """(own, route) snapshots to decide on. ``route`` None: not a route member. A member needs the route's
+    answer (``route_label`` names it in messages); a version without series of its own gets an empty one."""
+    if route is None:
+        return usable(own, staleness_limit_s), None
     try:
         whole = usable(route, staleness_limit_s)
     except Skipped as exc:

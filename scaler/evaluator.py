@@ -305,8 +305,9 @@ class Evaluator:
             results = {t: SourceError(f"source {key[0]} failed: {type(exc).__name__}: {exc}") for t in targets}
         for entry in members:
             try:
-                route = results.get(entry.route_target) if entry.route_target is not None else None
-                self._apply(entry, results.get(entry.target, SourceError("the source returned nothing")), route, now)
+                nothing = SourceError("the source returned nothing")
+                route = results.get(entry.route_target, nothing) if entry.route_target is not None else None
+                self._apply(entry, results.get(entry.target, nothing), route, now)
             except Exception as exc:
                 LOG.exception("evaluating %s/%s failed", entry.namespace, entry.name)
                 self._fail(entry, f"evaluation failed: {type(exc).__name__}: {exc}", "internal")
@@ -318,15 +319,13 @@ class Evaluator:
 
     def _apply(self, entry: _Entry, result: Signals | SourceError, route: Signals | SourceError | None,
                now: float) -> None:
+        """``route``: the route's answer for a route member, None for any other object."""
         """One ``scaler.evaluation`` step for ``entry``, with the Kubernetes view merged in when there is one."""
+        label = str(dict(entry.route_target.label_matchers)) if entry.route_target is not None else ""
         try:
-            if entry.route_target is not None:
-                result, whole = evaluation.route_pair(result, route, self.staleness_limit_s,
-                                                      str(dict(entry.route_target.label_matchers)))
-            else:
-                result, whole = evaluation.usable(result, self.staleness_limit_s), None
+            result, whole = evaluation.inputs(result, route, self.staleness_limit_s, label)
         except evaluation.Skipped as exc:
-            self._fail(entry, str(exc) or "no signal", exc.reason)
+            self._fail(entry, str(exc), exc.reason)
             return
         merged = evaluator_kube.Merged(result)
         if self.kube is not None:

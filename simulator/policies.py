@@ -161,13 +161,9 @@ class Leadscale(TriggerPolicy):
         """One ``scaler.evaluation`` step, as the live evaluator runs it; a skipped step keeps the last decision."""
         own, route = self.snapshots(now, view)
         try:
-            if route is not None:
-                signals, whole = evaluation.route_pair(own, route, STALENESS_LIMIT_S)
-                # the Kubernetes view: this Deployment's pods, also under an empty snapshot of its own
-                signals = replace(signals, ready_replicas=view.ready_replicas,
-                                  starting_replicas=view.starting_replicas)
-            else:
-                signals, whole = evaluation.usable(own, STALENESS_LIMIT_S), None
+            signals, whole = evaluation.inputs(own, route, STALENESS_LIMIT_S)
+            # the Kubernetes view: this Deployment's pods, also under an empty snapshot of its own
+            signals = replace(signals, ready_replicas=view.ready_replicas, starting_replicas=view.starting_replicas)
             self.held = evaluation.step(self.config, self.held, signals, now,
                                         (self.control.min_replicas, self.control.max_replicas), WHERE, whole)
         except evaluation.Skipped:

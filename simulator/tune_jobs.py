@@ -348,6 +348,7 @@ def work(url: str, study: str, idle_exit_s: float = 60.0, max_runs: int | None =
             store.storage.set_trial_state_values(trial_id, state=TrialState.FAIL)
             raise
         beat.stop()
+        idle_since = time.monotonic()
         from optuna.trial import TrialState
 
         try:
@@ -361,7 +362,6 @@ def work(url: str, study: str, idle_exit_s: float = 60.0, max_runs: int | None =
                 say(f"run of trial {trial_id} was requeued while it ran; its retry stands")
             continue
         done += 1
-        idle_since = time.monotonic()
         if say is not None:
             say(f"run {done} done (trial {trial_id})")
     return done

@@ -12,6 +12,9 @@ from scaler.metadata import MetadataError, parse_metadata
 
 ROW = re.compile(r"^\| `([A-Za-z]+)` \| ([^|]*) \| ([^|]*) \|")
 BASE = {"model": "m", "profile": "h100-llama3-8b"}
+EXPLICIT = {"model": "m", "prefillTokensPerSecond": "1000", "decodeTokensPerSecond": "500"}
+PARTNERS = {"activationThreshold": {"activationQuery": "sum(q)"}, "trafficWeight": {"routeSelector": "app=x"},
+            "maxReplicas": {"minReplicas": "0"}, "minReplicas": {"maxReplicas": "100000"}}
 
 
 def docs_rows() -> dict[str, tuple[str, str]]:
@@ -37,25 +40,18 @@ def test_docs_default_is_the_table_default(key: keys.Key) -> None:
                          ids=lambda k: k.name)
 def test_parser_enforces_the_table_range(key: keys.Key) -> None:
     """Just outside the declared range is refused naming the key; just inside is accepted."""
-    capacity = {} if key.name in metadata.EXPLICIT_CAPACITY_KEYS + metadata.OPTIONAL_CAPACITY_KEYS else BASE
-    if capacity is not BASE:
-        capacity = {"model": "m", "prefillTokensPerSecond": "1000", "decodeTokensPerSecond": "500"}
+    explicit = key.name in metadata.EXPLICIT_CAPACITY_KEYS + metadata.OPTIONAL_CAPACITY_KEYS
+    base = EXPLICIT if explicit else BASE
+    partner = PARTNERS.get(key.name, {})  # keys valid only together with another
     for bound, outside in ((key.low, -1), (key.high, +1)):
         if bound is None:
             continue
         step = 1 if key.kind == "integer" else max(abs(bound) * 1e-3, 1e-3)
-        bad = bound + outside * step if not (outside < 0 and key.low_open) else bound
+        open_bound = outside < 0 and key.low_open
+        bad, good = (bound, bound + step) if open_bound else (bound + outside * step, bound)
         with pytest.raises(MetadataError, match=rf"\b{key.name}\b"):
-            parse_metadata({**capacity, key.name: f"{bad:g}"})
-        good = bound - outside * step if (outside < 0 and key.low_open) else bound
-        extra = {"activationQuery": "sum(q)"} if key.name == "activationThreshold" else {}
-        if key.name == "trafficWeight":
-            extra = {"routeSelector": "app=x"}
-        if key.name == "maxReplicas":
-            extra = {"minReplicas": "0"}
-        if key.name == "minReplicas":
-            extra = {"maxReplicas": "100000"}
-        parse_metadata({**capacity, **extra, key.name: f"{good:g}"})
+            parse_metadata({**base, key.name: f"{bad:g}"})
+        parse_metadata({**base, **partner, key.name: f"{good:g}"})
 
 
 def test_unset_keys_give_the_table_defaults() -> None:

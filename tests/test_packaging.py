@@ -5,6 +5,7 @@ says which extra to install instead of a traceback."""
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 import textwrap
@@ -12,7 +13,9 @@ import tomllib
 
 from conftest import ROOT
 
-SIM_ONLY = ("optuna", "matplotlib", "tqdm", "numba")
+from leadscale.cli import SIM_EXTRA_MODULES
+
+SIM_ONLY = tuple(sorted(SIM_EXTRA_MODULES))
 
 # a child interpreter in which the sim extra's modules cannot be imported, as after ``pip install leadscale``
 BLOCKER = textwrap.dedent(f"""
@@ -65,6 +68,8 @@ def test_core_dependencies_leave_the_sim_modules_to_the_extra() -> None:
     for module in SIM_ONLY:
         assert module not in core, f"{module} is a core dependency; the scaler does not need it"
         assert module in sim, f"{module} is missing from the sim extra"
+    named = {re.split(r"[<>=!~\[ ]", spec, maxsplit=1)[0] for spec in project["optional-dependencies"]["sim"]}
+    assert named == set(SIM_ONLY), "leadscale.cli.SIM_EXTRA_MODULES and pyproject's sim extra differ"
 
 
 def test_live_path_runs_without_the_sim_extra() -> None:
