@@ -40,9 +40,7 @@ OPTIONAL_CAPACITY_KEYS = ("prefillAttentionTokens", "decodeContextTokens")
 ``decode_context_tokens`` (a profile carries its own)."""
 CORE_KEYS = keys.core_names()
 """Every key ``_parse`` reads itself (``scaler.keys.KEYS`` declares them all, tunables after)."""
-# KEDA's own external-scaler keys: KEDA forwards the whole trigger metadata, these included
-KEDA_KEYS = ("scalerAddress", "enableTLS", "unsafeSsl", "caCert", "tlsCertFile", "tlsClientCert", "tlsClientKey")
-FROM_ENV = "FromEnv"
+KEDA_KEYS, FROM_ENV = keys.KEDA_KEYS, keys.FROM_ENV
 VALUE_LIMITS = {"activationQuery": 16384, "labelSelector": 4096, "scrapeTargets": 65536}
 """Keys whose values may be longer than ``metadata_values.MAX_VALUE_CHARS`` (a query, lists)."""
 MAX_MESSAGE_CHARS = 4000
@@ -177,11 +175,11 @@ class ScalerConfig:
                       rate_window_s=self.rate_window_s)
 
 
-def _read(reader: Reader, name: str, required: bool = False, extra: str = "") -> Any:
+def _read(reader: Reader, name: str, required: bool = False) -> Any:
     """Key ``name`` as ``scaler.keys`` declares it (kind, default, range); a problem recorded when invalid."""
     key = keys.BY_NAME[name]
-    return reader.number(name, key.default, key.low, key.high, low_open=key.low_open, required=required,
-                         kind=key.kind, extra=extra)
+    return reader.number(name, keys.default(name) if not key.tunable else None, keys.limit(name),
+                         required=required, kind=key.kind, allowed=keys.allowed(name))
 
 
 def known_keys() -> tuple[str, ...]:
@@ -315,7 +313,7 @@ def _parse(given: Mapping[str, str]) -> ScalerConfig:
     ttft = _read(reader, "ttftSeconds")
     utilization = _read(reader, "targetUtilization")
     lead_auto = raw.get("leadTime", "").strip().lower() == "auto"
-    lead = keys.default("leadTime") if lead_auto else _read(reader, "leadTime", extra="or 'auto'")
+    lead = keys.default("leadTime") if lead_auto else _read(reader, "leadTime")
     delay = _read(reader, "scaleDownDelay")
     window = _read(reader, "rateWindow")
     low = _read(reader, "minReplicas")
@@ -331,8 +329,8 @@ def _parse(given: Mapping[str, str]) -> ScalerConfig:
     traffic_weight, route_selector = _route(reader, namespace_label, selector, scrape_targets)
     capacity, profile = _capacity(reader, ttft)
     tunables = []
-    for key, (field_name, kind) in sorted(tunable_specs.items()):
-        value = reader.number(key, None, kind="integer" if kind is int else "number")
+    for key, (field_name, _) in sorted(tunable_specs.items()):
+        value = _read(reader, key)
         if value is not None:
             tunables.append((field_name, value))
     reader.problems.extend(problems)  # unknown keys last: a hundred of them must not hide a bad known one
@@ -354,18 +352,17 @@ def _parse(given: Mapping[str, str]) -> ScalerConfig:
 
 
 def _check_policy(config: ScalerConfig, raw: Mapping[str, str], key_of_field: dict[str, str]) -> None:
-    """Let the policy's own validation speak too, each complaint translated back to its metadata key."""
+    """Let the policy's own validation speak too (what no single key's range can say), each complaint
+    under the metadata key that sets its field."""
+    from scaler.policy import PolicyConfigError
+
     try:  # engine limits left open are checked per snapshot; any valid ones stand in here
         config.policy_config(capacity=config.capacity or (config.capacity_keys.capacity(1, 1)
                                                            if config.capacity_keys is not None else None))
-    except (TypeError, ValueError) as exc:
+    except PolicyConfigError as exc:
         key_of = {**CORE_POLICY_FIELDS, **key_of_field}
-        problems = []
-        for part in str(exc).split(": ", 1)[-1].split("; "):
-            field_name, _, rest = part.partition("=")
-            key = key_of.get(field_name.strip(), "metadata")
-            allowed = rest.split(": must be ", 1)[-1] if ": must be " in rest else part
-            problems.append(Problem(key, raw.get(key), allowed))
+        problems = [Problem(key_of.get(field_name, "metadata"), raw.get(key_of.get(field_name, "")), allowed)
+                    for field_name, _, allowed in exc.problems]
         raise MetadataError(problems) from None
 
 

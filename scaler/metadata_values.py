@@ -7,17 +7,17 @@ parser can report all problems at once. ``scaler.metadata`` is the one user.
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+from scaler.limits import Limit
+
 _PLAIN_KEY = re.compile(r"[A-Za-z0-9_.\-]+")
 LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
-_KINDS = {"number": "a number", "integer": "an integer", "duration": "seconds (a plain number, or with unit ms/s/m/h)"}
 _DURATION = re.compile(r"([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*(ms|s|m|h)?")
 MAX_VALUE_CHARS = 1024
 """Longest value a key takes unless ``Reader(limits=...)`` says otherwise: no model name or label is longer,
@@ -77,15 +77,17 @@ class Reader:
             return None
         return value.strip()
 
-    def number(self, key: str, default: Any, low: float | None = None, high: float | None = None,
-               low_open: bool = False, required: bool = False, kind: str = "number", extra: str = "") -> Any:
-        """A finite number of ``kind`` (number, integer, duration) in range, else ``default`` and a problem."""
+    def number(self, key: str, default: Any, limit: Limit | None = None, required: bool = False,
+               kind: str = "number", allowed: str = "") -> Any:
+        """A finite number of ``kind`` (number, integer, duration) within ``limit``, else ``default`` and a
+        problem saying ``allowed`` (by default what ``limit`` admits)."""
         text = self.text(key, required=required)
         if text is None:
             return default
         value = _convert(text, kind)
-        if value is None or not _in_range(value, low, low_open, high):
-            self.problem(key, text, f"{_range_text(_KINDS[kind], low, low_open, high)} {extra}".strip())
+        limit = limit or Limit(integer=kind == "integer")
+        if value is None or not limit.admits(value):
+            self.problem(key, text, allowed or limit.text(kind))
             return default
         return value
 
@@ -123,18 +125,3 @@ def _convert(text: str, kind: str) -> float | int | None:
         return float(text)
     except ValueError:
         return None
-
-
-def _in_range(value: float, low: float | None, low_open: bool, high: float | None) -> bool:
-    if not math.isfinite(value):
-        return False
-    if low is not None and (value <= low if low_open else value < low):
-        return False
-    return high is None or value <= high
-
-
-def _range_text(kind: str, low: float | None, low_open: bool, high: float | None) -> str:
-    parts = [] if low is None else [f"{'>' if low_open else '>='} {low:g}"]
-    if high is not None:
-        parts.append(f"<= {high:g}")
-    return kind + (" " + " and ".join(parts) if parts else "")

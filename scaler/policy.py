@@ -33,6 +33,7 @@ from types import MappingProxyType
 
 from scaler import efficiency, forecast, histograms, window
 from scaler.capacity import ReplicaCapacity
+from scaler.limits import Limit
 from scaler.signals import Signals
 
 BIG = 1e12
@@ -97,41 +98,49 @@ class PolicyConfig:
     """Window of the token-rate signals; backlog growth is measured over the same window."""
 
     def __post_init__(self) -> None:
-        problems: list[str] = []
+        problems: list[tuple[str, object, str]] = []
         if not isinstance(self.capacity, ReplicaCapacity):
-            problems.append(f"capacity={self.capacity!r}: must be a ReplicaCapacity")
-
-        def number(name: str, low: float, high: float, low_open: bool, allowed: str, high_open: bool = False) -> None:
+            problems.append(("capacity", self.capacity, "a ReplicaCapacity"))
+        for name, limit in FIELD_LIMITS.items():
             value = getattr(self, name)
-            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-            ok = ok and (value > low if low_open else value >= low) and (value < high if high_open else value <= high)
-            if not ok:
-                problems.append(f"{name}={value!r}: must be {allowed}")
-
-        number("ttft_slo_s", 0.0, math.inf, True, "a finite number > 0")
-        number("target_utilization", 0.0, 1.0, True, "a number with 0 < u <= 1")
-        number("lead_time_s", 0.0, MAX_LEAD_TIME_S, False, f"a number in [0, {MAX_LEAD_TIME_S:g}]")
-        number("lead_time_scale", 0.0, MAX_LEAD_TIME_SCALE, False, f"a number in [0, {MAX_LEAD_TIME_SCALE:g}]")
-        number("scale_down_delay_s", 0.0, math.inf, False, "a finite number >= 0")
-        number("activation_threshold", -math.inf, math.inf, False, "a finite number")
-        number("backlog_drain_s", 0.0, math.inf, True, "a finite number > 0")
-        number("headroom_quantile", 0.0, 1.0, True, "a number with 0 < q < 1", high_open=True)
-        number("headroom_history_s", 0.0, math.inf, True, "a finite number > 0")
-        number("prior_rise", 0.0, 100.0, False, "a number in [0, 100]")
-        number("rate_window_s", 0.0, math.inf, True, "a finite number > 0")
-        number("trend_window_s", 0.0, math.inf, True, "a finite number > 0")
-        number("trend_confidence", 0.0, 1.0, True, "a number with 0 < c < 1", high_open=True)
-        for name in ("min_replicas", "max_replicas", "prior_horizons"):
-            value = getattr(self, name)
-            if not (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
-                problems.append(f"{name}={value!r}: must be an integer >= 0")
-        if isinstance(self.max_replicas, int) and isinstance(self.min_replicas, int):
-            if self.max_replicas < 1:
-                problems.append(f"max_replicas={self.max_replicas!r}: must be >= 1")
-            elif self.max_replicas < self.min_replicas:
-                problems.append(f"max_replicas={self.max_replicas!r}: must be >= min_replicas={self.min_replicas!r}")
+            if not limit.admits(value):
+                problems.append((name, value, limit.text()))
+        both = isinstance(self.max_replicas, int) and isinstance(self.min_replicas, int)
+        if both and 1 <= self.max_replicas < self.min_replicas:
+            problems.append(("max_replicas", self.max_replicas, f">= min_replicas={self.min_replicas!r}"))
         if problems:
-            raise ValueError("invalid PolicyConfig: " + "; ".join(problems))
+            raise PolicyConfigError(problems)
+
+
+FIELD_LIMITS: Mapping[str, Limit] = MappingProxyType({
+    "ttft_slo_s": Limit(0.0, low_open=True),
+    "target_utilization": Limit(0.0, 1.0, low_open=True),
+    "lead_time_s": Limit(0.0, MAX_LEAD_TIME_S),
+    "lead_time_scale": Limit(0.0, MAX_LEAD_TIME_SCALE),
+    "scale_down_delay_s": Limit(0.0),
+    "min_replicas": Limit(0, integer=True),
+    "max_replicas": Limit(1, integer=True),
+    "activation_threshold": Limit(),
+    "backlog_drain_s": Limit(0.0, low_open=True),
+    "headroom_quantile": Limit(0.0, 1.0, low_open=True, high_open=True),
+    "headroom_history_s": Limit(0.0, low_open=True),
+    "prior_rise": Limit(0.0, 100.0),
+    "prior_horizons": Limit(0, integer=True),
+    "trend_window_s": Limit(0.0, low_open=True),
+    "trend_confidence": Limit(0.0, 1.0, low_open=True, high_open=True),
+    "rate_window_s": Limit(0.0, low_open=True),
+})
+"""Every numeric ``PolicyConfig`` field's allowed values: the validation above, and the range of the
+metadata key that sets it (``scaler.keys``), come from here."""
+
+
+class PolicyConfigError(ValueError):
+    """A ``PolicyConfig`` refused: ``problems`` lists (field, value given, what is allowed)."""
+
+    def __init__(self, problems: list[tuple[str, object, str]]) -> None:
+        self.problems = tuple(problems)
+        super().__init__("invalid PolicyConfig: " + "; ".join(
+            f"{name}={value!r}: must be {allowed}" for name, value, allowed in self.problems))
 
 
 @dataclass(frozen=True)
