@@ -24,10 +24,9 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import numpy as np
-from numba import njit
 
 from simulator import fast_replica as fr
-from simulator.fast_replica import BUSY, VERSION, WTOK, Fleet, Itl, Log
+from simulator.fast_replica import BUSY, VERSION, WTOK, Fleet, Itl, Log, njit
 from simulator.results import REJECTED, LatencyHistogram, RequestLog, SimulationResult
 
 _STEP, _TIMER, _ARRIVAL = 0, 1, 2

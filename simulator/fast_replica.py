@@ -17,10 +17,11 @@ Left out here (the Python engine does them): prefix caching, vLLM's metric count
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple, TypeVar, cast
 
+import numba
 import numpy as np
-from numba import njit
 
 from simulator.results import FINISHED
 
@@ -33,6 +34,15 @@ CLOCK, BUSY_UNTIL, RUN_START, RUN_FIRST, RUN_GROWTH, STEP_S, ADM_ATTN, N_FLOAT =
 # the step-time model's coefficients (LinearStepTime, in its field order)
 OVERHEAD, FLOOR, INTERCEPT, PER_TOKEN, PER_SEQ, PER_CONTEXT, PREFILL_ATTN = range(7)
 NONE = -1.0  # "no next event" (the Python methods return None); event times are >= 0
+
+_Kernel = TypeVar("_Kernel", bound=Callable[..., object])
+
+
+def njit(**options: object) -> Callable[[_Kernel], _Kernel]:
+    """``numba.njit(**options)``, typed for mypy: numba ships no annotations, and its dispatcher is called
+    with the arguments and returns what the Python function it compiles declares. The one place the
+    compiled modules (this one, ``fast_engine``) take the decorator from."""
+    return cast("Callable[[_Kernel], _Kernel]", numba.njit(**options))
 
 
 class Log(NamedTuple):
