@@ -136,8 +136,9 @@ def build_profile(m: Measured, step: LinearStepTime, seqs: int, budget: int, not
                   name: str = "calibrated") -> PerformanceProfile:
     memory = memory_from_cache(m.cache, m.max_model_len)
     front = None
-    if m.summary.get("ttft_p50") is not None and m.engine.get("server_ttft_mean") is not None:
-        front = float(np.mean([m.summary["ttft_p50"]])) - float(m.engine["server_ttft_mean"])
+    server_ttft = m.engine.get("server_ttft_mean")
+    if m.summary.get("ttft_p50") is not None and server_ttft is not None:
+        front = float(np.mean([m.summary["ttft_p50"]])) - float(server_ttft)
     source = (f"calibrated by `leadscale calibrate` on replay {m.path} ({len(m.workload)} requests). {note}. "
               f"KV: vllm:cache_config_info (num_gpu_blocks {memory.num_gpu_blocks}, block {memory.block_size}). "
               f"Step time fitted by simulation (simulator/calibrate.py)."

@@ -85,7 +85,7 @@ class Chunk:
     @property
     def data(self) -> memoryview:
         """The chunk's bytes without the padding."""
-        return memoryview(self.buf)[: self.buf.size - PAD]
+        return self.buf.data[: self.buf.size - PAD]
 
 
 def iter_chunks(stream: BinaryIO, path: str | Path, first_line: int, chunk_bytes: int = 1 << 24) -> Iterator[Chunk]:

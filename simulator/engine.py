@@ -37,7 +37,6 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -173,10 +172,10 @@ class Engine:
         self.log = RequestLog(workload.arrival_s, inp, out)
         self._too_long = set(np.flatnonzero(inp >= profile.max_model_len).tolist())
         self.itl = LatencyHistogram()
-        self.prefix = ((workload.block_ids, workload.block_offsets, workload.block_tokens)
-                       if workload.block_ids is not None else None)
+        ids, offsets = workload.block_ids, workload.block_offsets  # both or neither (Workload checks)
+        self.prefix = (ids, offsets, workload.block_tokens) if ids is not None and offsets is not None else None
         self.router = Router(self.config.router, np.random.default_rng([self.config.seed, 1]),
-                             prefix=(workload.block_ids, workload.block_offsets) if self.prefix is not None else None,
+                             prefix=self.prefix[:2] if self.prefix is not None else None,
                              prompt_tokens=inp)
         self.now = 0.0
         self._heap: list[tuple[float, int, int, int, int]] = []
@@ -264,7 +263,7 @@ class Engine:
             self._route(rid, now, fleet)
 
     def _route(self, rid: int, now: float, fleet: Fleet) -> None:
-        rep: Replica = self.router.pick(fleet.routable, rid)  # type: ignore[assignment]
+        rep = self.router.pick(fleet.routable, rid)
         self._schedule_replica(rep, rep.enqueue(rid, now))
 
     def _arrive(self, rid: int, now: float, fleet: Fleet) -> None:
@@ -393,14 +392,14 @@ def simulate(workload: Workload, profile: PerformanceProfile, replicas: int = 1,
     if engine != "python":
         fast = _compiled(workload, router, required=engine == "compiled")
         if fast is not None:
-            return fast.simulate_fixed(workload, profile, replicas, router=router, progress=progress,
-                                       waiting_tokens_limit=waiting_tokens_limit, kv_sample_s=config.kv_sample_s,
-                                       horizon_s=config.horizon_s)
+            return fast(workload, profile, replicas, router=router, progress=progress,
+                        waiting_tokens_limit=waiting_tokens_limit, kv_sample_s=config.kv_sample_s,
+                        horizon_s=config.horizon_s)
     return Engine(workload, profile, config, initial_replicas=replicas).run(progress=progress)
 
 
-def _compiled(workload: Workload, router: str, required: bool) -> Any:
-    """The ``fast_engine`` module when it can run this simulation (None: use ``Engine``)."""
+def _compiled(workload: Workload, router: str, required: bool) -> Callable[..., SimulationResult] | None:
+    """``fast_engine.simulate_fixed`` when it can run this simulation (None: use ``Engine``)."""
     try:
         from simulator import fast_engine
     except ImportError as exc:  # numba missing or broken: the reference engine still runs
@@ -408,7 +407,7 @@ def _compiled(workload: Workload, router: str, required: bool) -> Any:
             raise ValueError(f"engine='compiled': numba is not importable ({exc}); pip install numba") from None
         return None
     if fast_engine.supports(workload, router):
-        return fast_engine
+        return fast_engine.simulate_fixed
     if required:
         raise ValueError(f"engine='compiled': router={router!r}"
                          f"{' on a workload with prefix blocks' if workload.block_ids is not None else ''} is not "

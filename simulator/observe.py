@@ -148,6 +148,7 @@ class Prometheus:
 
         ``targets`` maps replica id -> ReplicaMetrics, or a callable returning it (read only when due).
         """
+        series: _Series | None
         for rid, series in self.series.items():
             if rid not in targets and series.stale_at == math.inf and now >= series.next_scrape:
                 series.stale_at = now

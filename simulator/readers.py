@@ -27,7 +27,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, TypeGuard
 
 import numpy as np
 
@@ -336,7 +336,7 @@ def _json_object(path: str | Path, line: int, text: bytes) -> dict[str, object]:
     return rec
 
 
-def _is_int(v: object) -> bool:
+def _is_int(v: object) -> TypeGuard[int]:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
@@ -349,6 +349,6 @@ def _number(path: str | Path, line: int, rec: dict[str, object], key: str, expec
 
 def _count(path: str | Path, line: int, rec: dict[str, object], key: str) -> int:
     v = rec.get(key)
-    if not _is_int(v) or not 0 <= v <= MAX_TOKENS:  # type: ignore[operator]
+    if not _is_int(v) or not 0 <= v <= MAX_TOKENS:
         raise TraceFormatError(path, line, key, v, f"a token count: an integer in 0..{MAX_TOKENS}")
-    return int(v)  # type: ignore[arg-type]
+    return int(v)

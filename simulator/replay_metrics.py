@@ -160,8 +160,8 @@ def counter_delta(timeline: list[dict[str, Any]], name: str) -> float | None:
 
 def gauge_stats(timeline: list[dict[str, Any]], name: str) -> tuple[float | None, float | None]:
     """Mean and max of a gauge over every good scrape (e.g. ``vllm:kv_cache_usage_perc``)."""
-    values = [metric_sum(x["samples"], name) for x in timeline if x.get("ok")]
-    values = [v for v in values if v is not None]
+    sums = [metric_sum(x["samples"], name) for x in timeline if x.get("ok")]
+    values = [v for v in sums if v is not None]
     return (float(np.mean(values)), float(np.max(values))) if values else (None, None)
 
 

@@ -39,7 +39,7 @@ ENDINGS = (".", "a", "e", "x", "0", "!", " a", " o")
 MAX_SEARCH_CALLS = 40
 """``/tokenize`` calls one chat prompt may take before the closest length found is used."""
 
-Tokenize = Callable[[dict], Awaitable[tuple[int, list[int]]]]
+Tokenize = Callable[[dict[str, object]], Awaitable[tuple[int, list[int]]]]
 """Posts one ``/tokenize`` body (``{"prompt": ...}`` or ``{"messages": [...]}``); returns
 ``(count, tokens)`` as the server answers them."""
 
@@ -80,7 +80,7 @@ class PromptBuilder:
             raise ValueError(f"api={self.api!r}: allowed values are 'completions', 'chat'")
         self._rng = np.random.default_rng(self.seed)
 
-    def _body(self, text: str) -> dict:
+    def _body(self, text: str) -> dict[str, object]:
         if self.api == "chat":
             return {"messages": [{"role": "user", "content": text}]}
         return {"prompt": text}
@@ -100,7 +100,7 @@ class PromptBuilder:
         self.chars_per_token = len(text) / max(1, body_count)
         self.overhead = 0 if self.api == "completions" else empty_count
 
-    async def build(self, input_tokens: int) -> tuple[dict, int]:
+    async def build(self, input_tokens: int) -> tuple[dict[str, object], int]:
         """The prompt part of a request body and the token count the server will see (exact, except a
         chat prompt whose framing alone exceeds ``input_tokens``: then one character, counted honestly)."""
         if not self.pool:
@@ -111,7 +111,7 @@ class PromptBuilder:
             return {"prompt": [int(i) for i in ids]}, n
         return await self._chat(max(1, int(input_tokens)))
 
-    async def _chat(self, target: int) -> tuple[dict, int]:
+    async def _chat(self, target: int) -> tuple[dict[str, object], int]:
         want = max(1, target - self.overhead)
         text = pseudo_words(self._rng, max(8, int(want * self.chars_per_token / 4) + 16))
         while len(text) < want * self.chars_per_token * 1.5 + 64:

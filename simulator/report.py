@@ -205,7 +205,9 @@ def write_report(results: Mapping[str, ResultLike], out_dir: str | Path, title: 
 
 def html_block(lines: list[str]) -> str:
     """Markdown tables become HTML tables, code fences <pre>, other lines paragraphs."""
-    out, table, code = [], [], None
+    out: list[str] = []
+    table: list[list[str]] = []
+    code: list[str] | None = None
     for line in [*lines, ""]:
         if code is not None:
             if line.startswith("```"):

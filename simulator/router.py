@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from operator import attrgetter
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
@@ -39,6 +39,9 @@ _outstanding = attrgetter("outstanding_tokens")
 class Routable(Protocol):
     id: int
     outstanding_tokens: int
+
+
+_R = TypeVar("_R", bound=Routable)
 
 
 class Router:
@@ -58,10 +61,12 @@ class Router:
             self.name = "prefix" if prefix is not None and prompt_tokens is not None else "least-tokens"
         self.rng = rng if rng is not None else np.random.default_rng(0)
         self._turn = 0
+        self._blocks: np.ndarray | None
+        self._offsets: np.ndarray | None
         self._blocks, self._offsets = prefix if prefix is not None else (None, None)
         self._prompt = prompt_tokens.tolist() if prompt_tokens is not None else []
 
-    def pick(self, replicas: Sequence[Routable], rid: int = -1) -> Routable:
+    def pick(self, replicas: Sequence[_R], rid: int = -1) -> _R:
         """The replica for request ``rid`` (``replicas`` non-empty, in id order)."""
         if self.name == "least-tokens" or (self.name == "prefix" and (rid < 0 or len(replicas) == 1)):
             return min(replicas, key=_outstanding)  # the first of equals: the oldest
@@ -72,7 +77,7 @@ class Router:
             return replicas[(self._turn - 1) % len(replicas)]
         return replicas[int(self.rng.integers(len(replicas)))]
 
-    def _pick_prefix(self, replicas: Sequence[Routable], rid: int) -> Routable:
+    def _pick_prefix(self, replicas: Sequence[_R], rid: int) -> _R:
         assert self._blocks is not None and self._offsets is not None
         blocks = self._blocks[self._offsets[rid]: self._offsets[rid + 1]]
         prompt = self._prompt[rid]

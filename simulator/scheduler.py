@@ -180,6 +180,7 @@ class SchedulerState:
             self.busy_until = None
             return self._zero_step() if preempted else None
         n0 = self.n_running
+        context: float
         if self.fast:
             decodes, context = n0, self.comp_sum - self._adm_cached + n0
         else:

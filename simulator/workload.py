@@ -59,6 +59,7 @@ class Workload:
             raise ValueError("Workload.arrival_s must be finite")
         if n and (arrival[0] < 0 or (arrival[1:] < arrival[:-1]).any()):
             raise ValueError("Workload.arrival_s must be sorted and >= 0")
+        arr: np.ndarray | None
         for fname, arr in (("input_tokens", inp), ("output_tokens", out)):
             if n and arr.min() < 1:
                 raise ValueError(f"Workload.{fname} must be >= 1, got {int(arr.min())}")
