@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import numpy as np
 
@@ -68,7 +68,7 @@ class AutoscaleResult:
     status: np.ndarray | None = None
 
 
-def default_backend(workload: Any, profile: Any, seed: int, slo_ttft_s: float, **options: Any) -> Backend:
+def default_backend(workload: Any, profile: Any, seed: int, slo_ttft_s: float, **options: Any) -> EngineBackend:
     """The real engine behind the Backend protocol."""
     return EngineBackend(workload, profile, seed=seed, slo_ttft_s=slo_ttft_s, **options)
 
@@ -156,7 +156,9 @@ def run_autoscaled(workload: Any, profile: Any, policy: str | TriggerPolicy | Fi
     inputs = OracleInputs(workload, profile, cold, seed, slo_ttft_s, need, initial_replicas, min_replicas,
                           max_replicas, lambda part: backend_factory(part, profile, seed, slo_ttft_s, **options),
                           once, part_run)
-    return run_oracle(inputs, OracleBudget(alpha_steps=oracle_steps) if oracle_budget is None else oracle_budget)
+    # run_oracle answers one of the runs ``inputs`` simulate (typed Any there: oracle_run does not import autoscale)
+    return cast(AutoscaleResult, run_oracle(inputs, OracleBudget(alpha_steps=oracle_steps) if oracle_budget is None
+                                            else oracle_budget))
 
 
 def _need(workload: Any, profile: Any, slo_ttft_s: float) -> np.ndarray:

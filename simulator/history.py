@@ -28,7 +28,7 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -235,7 +235,7 @@ class Lengths:
         bucket = rng.choice(self.counts.size, size=n, p=self.counts / self.counts.sum())
         lo = np.floor(lows[bucket]) + 1.0
         hi = np.maximum(np.floor(highs[bucket]), lo)
-        return np.maximum(1, np.floor(lo + rng.random(n) * (hi - lo + 1.0))).astype(np.int64)
+        return cast(np.ndarray, np.maximum(1, np.floor(lo + rng.random(n) * (hi - lo + 1.0))).astype(np.int64))
 
 
 def histogram_lengths(by_le: Mapping[str, float], total: float) -> Lengths | None:

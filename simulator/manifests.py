@@ -16,7 +16,7 @@ simulated is exactly what gets deployed:
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, cast
 
 import yaml
 
@@ -179,7 +179,7 @@ def chart_values(settings: Settings, *, model: str, profile: str, slo_ttft_s: fl
 def dump(document: dict[str, Any], header: str = "") -> str:
     """YAML with keys in the order written and a comment header."""
     comment = "".join(f"# {line}\n" if line else "#\n" for line in header.splitlines())
-    return comment + yaml.safe_dump(document, sort_keys=False, default_flow_style=False)
+    return comment + cast(str, yaml.safe_dump(document, sort_keys=False, default_flow_style=False))
 
 
 def drain_patch(drain: dict[str, Any], deployment: str, namespace: str = "default",

@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -66,7 +66,7 @@ def request_work(input_tokens: np.ndarray, output_tokens: np.ndarray, capacity: 
         prefill = per_token * n + attention * n * n / 2.0
     else:
         prefill = n / capacity.prefill_tokens_per_s
-    return prefill + np.asarray(output_tokens, dtype=float) / capacity.decode_tokens_per_s
+    return cast(np.ndarray, prefill + np.asarray(output_tokens, dtype=float) / capacity.decode_tokens_per_s)
 
 
 def bucket_need(arrival_s: np.ndarray, work_s: np.ndarray, duration_s: float, bucket_s: float = BUCKET_S,

@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -127,7 +127,7 @@ def monotone(raw: dict[int, int], n_max: int, eligible: int, floor: int, optimis
     if optimistic:
         above = np.searchsorted(ns, grid, side="left")
         values = np.where(above < ns.size, ms[np.minimum(above, ns.size - 1)], floor)
-        return np.maximum(np.minimum.accumulate(values), floor)
+        return cast(np.ndarray, np.maximum(np.minimum.accumulate(values), floor))
     below = np.searchsorted(ns, grid, side="right") - 1
     values = ms[below]
     return np.maximum.accumulate(values[::-1])[::-1]
@@ -218,7 +218,7 @@ def _cacheable_blocks(workload: Workload, slo_ttft_s: float, edges: np.ndarray) 
     pos = np.arange(ids.size) - offs[owner]
     first_bad = np.full(len(workload), np.iinfo(np.int64).max)
     np.minimum.at(first_bad, owner[~usable], pos[~usable])
-    return np.minimum(first_bad, counts)
+    return cast(np.ndarray, np.minimum(first_bad, counts))
 
 
 def fixed_fleet_ttft(make_backend: Callable[[Workload], Any], workload: Workload, replicas: int) -> np.ndarray:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 
@@ -135,7 +136,7 @@ def cold_start_floor(draws: np.ndarray, r_max: int, skip_cost_s: float | None) -
         raise ValueError(f"r_max={r_max}: needs at least that many draws, got {d.size}")
     exact = np.r_[0.0, np.cumsum(d[:r_max])]
     if skip_cost_s is None:
-        return exact
+        return cast(np.ndarray, exact)
     if not (math.isfinite(skip_cost_s) and skip_cost_s >= 0):
         raise ValueError(f"skip_cost_s={skip_cost_s!r}: must be a finite number of seconds >= 0")
     best = np.full(r_max + 1, np.inf)
@@ -154,7 +155,7 @@ def cold_start_floor(draws: np.ndarray, r_max: int, skip_cost_s: float | None) -
         best[:m] = np.minimum(best[:m], (length - r[:m]) * skip_cost_s + np.r_[0.0, np.cumsum(kept)])
         if kept.size == r_max and (length - r_max) * skip_cost_s >= best[-1]:
             break  # skipping more costs more than the whole floor of r_max pods
-    return np.minimum(best, exact)
+    return cast(np.ndarray, np.minimum(best, exact))
 
 
 def conjugate(floor: np.ndarray, mu: float) -> float:

@@ -247,7 +247,10 @@ def _budget_curve(spec: Repair, bounds: dict[float, oracle_bound.Bound], eligibl
     out: list[dict[str, float | None]] = []
     for share in LATE_SHARES:
         if abs(share - SLO_SHARE) > 1e-12:
-            repair(spec, allowed_late(eligible, share), simulate, lambda r, q=share: judge(r, slo, q), slo, runs)
+            def judge_share(r: Any, q: float = share) -> tuple[bool, int, int]:
+                return judge(r, slo, q)
+
+            repair(spec, allowed_late(eligible, share), simulate, judge_share, slo, runs)
         meeting = [r for r in simulated if judge(r, slo, share)[0]]
         best = min(meeting, key=lambda r: r.summary["gpu_hours"]) if meeting else None
         out.append({"late_share": share, "lower_bound_gpu_hours": bounds[share].gpu_seconds / 3600.0,

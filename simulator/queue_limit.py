@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
+
+from scaler.profiles import PerformanceProfile
 
 FACTORS = (0.25, 0.5, 1.0, 2.0, 4.0)
 MIN_STARTING_REQUESTS = 20
@@ -84,7 +86,7 @@ def _num(value: float | None, fmt: str = ".4f") -> str:
     return "n/a" if value is None else format(value, fmt)
 
 
-def natural_limit(workload: Any, profile: Any, slo_ttft_s: float) -> float:
+def natural_limit(workload: Any, profile: PerformanceProfile, slo_ttft_s: float) -> float:
     """Prompt tokens one replica prefills within the wait budget of the SLO at the mean prompt."""
     capacity = profile.capacity(slo_ttft_s)
     mean_prompt = float(np.mean(workload.input_tokens)) if len(workload) else 0.0
@@ -123,7 +125,7 @@ def _rejected_mask(result: Any) -> np.ndarray:
     if status is not None:
         from simulator.results import REJECTED
 
-        return np.asarray(status) == REJECTED
+        return cast(np.ndarray, np.asarray(status) == REJECTED)
     return np.zeros(len(result.arrival_s), dtype=bool)
 
 
@@ -157,7 +159,7 @@ def plot(advice: LimitAdvice, path: Any) -> None:
     import matplotlib.pyplot as plt
 
     limited = [r for r in advice.runs if r.limit_tokens_per_replica is not None]
-    x = [r.limit_tokens_per_replica for r in limited]
+    x = [r.limit_tokens_per_replica for r in limited if r.limit_tokens_per_replica is not None]  # all: typed float
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.plot(x, [r.rejected_share for r in limited], "o-", color="tab:red", label="rejected share (429)")
     ax.set_xscale("log")

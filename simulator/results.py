@@ -24,7 +24,7 @@ import math
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -135,15 +135,15 @@ class RequestLog:
     # first use, so the compiled engine (which never reads them) spends no memory on them
     @cached_property
     def arrival_l(self) -> list[float]:
-        return self.arrival_s.tolist()
+        return cast("list[float]", self.arrival_s.tolist())
 
     @cached_property
     def input_l(self) -> list[int]:
-        return self.input_tokens.tolist()
+        return cast("list[int]", self.input_tokens.tolist())
 
     @cached_property
     def tokens_l(self) -> list[int]:
-        return (self.input_tokens + self.output_tokens).tolist()
+        return cast("list[int]", (self.input_tokens + self.output_tokens).tolist())
 
     def write_csv(self, path: Path) -> None:
         """One row per request; empty cells where an event did not happen."""

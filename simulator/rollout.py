@@ -30,7 +30,7 @@ import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 
@@ -157,6 +157,14 @@ class Version:
         return counts.starting == 0 and counts.ready >= max(1, self.cluster.spec_replicas)
 
 
+class _RouteState(TypedDict):
+    """The route's weight now, the step declared and not yet taken, and when it was declared."""
+
+    weight: float
+    pending: float | None
+    declared_at: float
+
+
 @dataclass
 class RolloutResult:
     """One rollout: the summary, one row per step, per-version timelines, per-request outcomes."""
@@ -222,15 +230,21 @@ def run_rollout(workload: Any, profile: Any, rollout: RolloutConfig, cold_start:
         else:
             trigger = Leadscale(meta, control)
         version = Version(vname, pool, cluster, observer, trigger, loop=None, weight=weight)  # type: ignore[arg-type]
-        version.loop = ControlLoop(control, lambda now, v=version: v.trigger.metric(now, v.view(now)),
-                                   lambda now, v=version: v.trigger.active(now, v.view(now)))
+
+        def metric(now: float, v: Version = version) -> float | None:
+            return v.trigger.metric(now, v.view(now))
+
+        def active(now: float, v: Version = version) -> bool | None:
+            return v.trigger.active(now, v.view(now))
+
+        version.loop = ControlLoop(control, metric, active)
         cluster.on_ready = _recorder(observer, route_observer)
         versions[vname] = version
     stable, canary = versions["stable"], versions["canary"]
     stable.cluster.warm_start(0.0, initial_replicas)
     route_weight = [(0.0, first)]
     steps = [s for s in rollout.schedule if s.at_s > 0]
-    state = {"weight": first, "pending": None, "declared_at": 0.0}
+    state: _RouteState = {"weight": first, "pending": None, "declared_at": 0.0}
     engine.route_by(lambda rid, now: canary.pool if draws[rid] < state["weight"] else stable.pool)
 
     def control_route(now: float) -> None:
@@ -266,7 +280,7 @@ def run_rollout(workload: Any, profile: Any, rollout: RolloutConfig, cold_start:
         for v in versions.values():
             if now + 1e-9 >= v.next_eval:
                 v.trigger.evaluate(now, v.view(now))
-                v.next_eval = now + v.trigger.evaluation_period_s  # type: ignore[operator]
+                v.next_eval = now + v.trigger.evaluation_period_s
             if now + 1e-9 >= v.loop.next_due():
                 v.cluster.set_replicas(now, v.loop.tick(now, v.cluster.spec_replicas))
             if now - last_sample >= TIMELINE_STEP_S - 1e-9:

@@ -19,6 +19,7 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 from urllib.parse import parse_qsl
 
 import numpy as np
@@ -64,7 +65,7 @@ class Param:
         out = []
         for item in values:
             try:
-                v = float(item) if self.kind != "int" else _to_int(item)
+                v = float(item) if self.kind != "int" else _to_int(item)  # type: ignore[arg-type]  # TypeError caught
             except (TypeError, ValueError):
                 raise ValueError(f"{self.name}={raw!r}: expected {self._what()} {allowed}") from None
             if not math.isfinite(v) or v < self.low or (self.low_open and v == self.low) or v > self.high:
@@ -308,7 +309,7 @@ def arrivals(rate_fn: RateFn, duration_s: float, cv: float, rng: np.random.Gener
     seg = np.clip(np.searchsorted(cum, ops, side="right") - 1, 0, steps - 1)
     width = cum[seg + 1] - cum[seg]
     frac = np.where(width > 0, (ops - cum[seg]) / np.where(width > 0, width, 1.0), 0.0)
-    return np.minimum(grid[seg] + frac * (grid[seg + 1] - grid[seg]), np.nextafter(duration_s, 0.0))
+    return cast(np.ndarray, np.minimum(grid[seg] + frac * (grid[seg + 1] - grid[seg]), np.nextafter(duration_s, 0.0)))
 
 
 def lognormal_lengths(n: int, mean: float, median: float, high: int, rng: np.random.Generator) -> np.ndarray:
@@ -328,8 +329,8 @@ def _lengths(v: Mapping[str, object], n: int, rng: np.random.Generator) -> tuple
         pick = rng.integers(0, pool_in.size, n)
         inp, out = pool_in[pick], pool_out[pick]
     else:
-        inp = lognormal_lengths(n, float(v["in_mean"]), float(v["in_median"]), int(v["in_max"]), rng)  # type: ignore[arg-type]
-        out = lognormal_lengths(n, float(v["out_mean"]), float(v["out_median"]), int(v["out_max"]), rng)  # type: ignore[arg-type]
+        inp = lognormal_lengths(n, float(v["in_mean"]), float(v["in_median"]), int(v["in_max"]), rng)  # type: ignore[arg-type, call-overload]
+        out = lognormal_lengths(n, float(v["out_mean"]), float(v["out_median"]), int(v["out_max"]), rng)  # type: ignore[arg-type, call-overload]
     share = float(v["long_share"])  # type: ignore[arg-type]
     if share > 0:
         long = np.flatnonzero(rng_long.random(n) < share)
