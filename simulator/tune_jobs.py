@@ -31,9 +31,13 @@ import time
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import numpy as np
+
+if TYPE_CHECKING:  # optuna is imported where used (the sim extra; a tune-worker's start-up)
+    import optuna
+    from optuna.trial import FrozenTrial
 
 VERSION = 1  # of the job and inputs encodings below
 HEARTBEAT_S = 20
@@ -116,7 +120,14 @@ def inputs_digest(encoded: dict[str, Any]) -> str:
 
 
 # ----- the study ------------------------------------------------------------------------------------------
-def open_storage(url: str) -> Any:
+class _RetryCallback(TypedDict, total=False):
+    """RDBStorage's retry of a run whose worker went silent, by the name this optuna gives it."""
+
+    heartbeat_stale_trial_callback: Callable[[optuna.Study, FrozenTrial], None]
+    failed_trial_callback: Callable[[optuna.Study, FrozenTrial], None]
+
+
+def open_storage(url: str) -> optuna.storages.RDBStorage:
     import optuna
 
     # SQLite: writers from several processes wait for the lock instead of failing at once
@@ -125,6 +136,7 @@ def open_storage(url: str) -> Any:
         with warnings.catch_warnings():  # heartbeats are "experimental" in optuna's words since 2.8
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             # a run whose worker went silent goes back to the queue (optuna >= 4.9 renamed the callback)
+            retry: _RetryCallback
             if hasattr(optuna.storages, "RetryHeartbeatStaleTrialCallback"):
                 retry = {"heartbeat_stale_trial_callback": optuna.storages.RetryHeartbeatStaleTrialCallback(3)}
             else:
@@ -147,7 +159,7 @@ class JobStore:
         self.storage = open_storage(url)
         self._optuna = optuna
         try:
-            self.study = optuna.load_study(study_name=study, storage=self.storage)
+            self.study: optuna.Study | None = optuna.load_study(study_name=study, storage=self.storage)
             self.existed = True
         except KeyError:
             self.study = None
@@ -168,10 +180,15 @@ class JobStore:
             self.study.set_user_attr("inputs", encoded)
             self.study.set_user_attr("digest", digest)
             self.existed = True
-        elif self.study.user_attrs.get("digest") != digest:
+        elif self._opened().user_attrs.get("digest") != digest:
             raise StudyError(f"--resume: study {self.name!r} was started with other inputs (workload, profile, SLO, "
                              "seed, target, holdout, replicas or search sizes): give the same flags, or a new --study")
-        self.study.set_user_attr("finished", False)
+        self._opened().set_user_attr("finished", False)
+
+    def _opened(self) -> optuna.Study:
+        """The study, which ``__init__`` found or ``create`` made: what every method past those needs."""
+        assert self.study is not None
+        return self.study
 
     def inputs(self) -> Any:
         assert self.study is not None
@@ -186,14 +203,14 @@ class JobStore:
         return bool(self.study is not None and self._study_attrs().get("finished"))
 
     def _study_attrs(self) -> dict[str, Any]:
-        return self.storage.get_study_user_attrs(self.study._study_id)
+        return self.storage.get_study_user_attrs(self._opened()._study_id)
 
     def done(self) -> dict[str, dict[str, Any]]:
         """key -> summary of every finished run."""
         from optuna.trial import TrialState
 
         out = {}
-        for t in self.storage.get_all_trials(self.study._study_id, deepcopy=False, states=(TrialState.COMPLETE,)):
+        for t in self.storage.get_all_trials(self._opened()._study_id, deepcopy=False, states=(TrialState.COMPLETE,)):
             if "summary" in t.user_attrs:
                 out[t.user_attrs["key"]] = t.user_attrs["summary"]
         return out
@@ -203,35 +220,35 @@ class JobStore:
         from optuna.trial import TrialState
 
         return {t.user_attrs["key"]: t.user_attrs["error"] for t in self.storage.get_all_trials(
-            self.study._study_id, deepcopy=False, states=(TrialState.FAIL,)) if "error" in t.user_attrs}
+            self._opened()._study_id, deepcopy=False, states=(TrialState.FAIL,)) if "error" in t.user_attrs}
 
     def pending_keys(self) -> set[str]:
         from optuna.trial import TrialState
 
         return {t.user_attrs["key"] for t in self.storage.get_all_trials(
-            self.study._study_id, deepcopy=False, states=(TrialState.WAITING, TrialState.RUNNING))}
+            self._opened()._study_id, deepcopy=False, states=(TrialState.WAITING, TrialState.RUNNING))}
 
     def enqueue(self, data: dict[str, Any]) -> None:
-        self.study.enqueue_trial({}, user_attrs={"key": job_key(data), "job": data})
+        self._opened().enqueue_trial({}, user_attrs={"key": job_key(data), "job": data})
 
     def record(self, data: dict[str, Any], summary: dict[str, Any]) -> None:
         """A run done here (not through the queue): a finished trial with its summary."""
         from optuna.trial import TrialState, create_trial
 
-        self.study.add_trial(create_trial(state=TrialState.COMPLETE, value=0.0,
+        self._opened().add_trial(create_trial(state=TrialState.COMPLETE, value=0.0,
                                           user_attrs={"key": job_key(data), "job": data, "summary": plain(summary)}))
 
     def requeue_stale(self) -> None:
         """Runs whose worker stopped its heartbeat: failed, and (optuna's retry callback) enqueued again."""
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", self._optuna.exceptions.ExperimentalWarning)
-            self._optuna.storages.fail_stale_trials(self.study)
+            self._optuna.storages.fail_stale_trials(self._opened())
 
     def claim(self) -> tuple[int, dict[str, Any]] | None:
         """Worker: take one waiting run (atomically), or None when there is none."""
         from optuna.trial import TrialState
 
-        for t in self.storage.get_all_trials(self.study._study_id, deepcopy=False, states=(TrialState.WAITING,)):
+        for t in self.storage.get_all_trials(self._opened()._study_id, deepcopy=False, states=(TrialState.WAITING,)):
             try:
                 if self.storage.set_trial_state_values(t._trial_id, state=TrialState.RUNNING):
                     return t._trial_id, t.user_attrs["job"]

@@ -20,15 +20,24 @@ import math
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import numpy as np
 
 from simulator.manifests import DEFAULT_SETTINGS, Settings
 
+if TYPE_CHECKING:  # optuna is imported where used (the sim extra)
+    from optuna.trial import FrozenTrial
+
 SUMMARY_KEYS = ("gpu_hours", "slo_attainment", "ttft_p95", "ttft_p99", "mean_replicas", "max_replicas",
                 "rejected", "aborted", "scale_events")
 DEFAULT_BASELINES = ("waiting-requests", "kv-cache", "saturation", "leadscale")
+
+
+class _Constraints(TypedDict, total=False):
+    """TPESampler's constraints on optuna 4.x (5.x reads ``Trial.set_constraint``)."""
+
+    constraints_func: Callable[[FrozenTrial], Sequence[float]]
 
 
 @dataclass(frozen=True)
@@ -311,9 +320,10 @@ def tune(inputs: TuneInputs, trials: int = 30, jobs: int = 2, batch: int = 2, to
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     # optuna >= 5 takes constraints from Trial.set_constraint; 4.x only through constraints_func
     native = hasattr(optuna.trial.Trial, "set_constraint")
+    constraints: _Constraints = {} if native else {"constraints_func": lambda t: (
+        float(t.user_attrs.get("violation", 1.0)),)}
     sampler = optuna.samplers.TPESampler(seed=inputs.seed, n_startup_trials=min(10, max(2, trials // 3)),
-                                         **({} if native else {"constraints_func": lambda t: (
-                                             float(t.user_attrs.get("violation", 1.0)),)}))
+                                         **constraints)
     study = optuna.create_study(direction="minimize", sampler=sampler)
     space = search_space()
     study.enqueue_trial(default_point(space))
