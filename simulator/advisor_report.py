@@ -39,9 +39,11 @@ def plot_trials(result: TuneResult, path: Path) -> None:
     ok = [p for p in points if p[1] >= target]
     bad = [p for p in points if p[1] < target]
     if ok:
-        ax.scatter(*zip(*ok, strict=True), s=18, color="tab:blue", zorder=3, label=f"trial meeting {target:g}")
+        xs, ys = zip(*ok, strict=True)
+        ax.scatter(xs, ys, s=18, color="tab:blue", zorder=3, label=f"trial meeting {target:g}")
     if bad:
-        ax.scatter(*zip(*bad, strict=True), s=18, color="tab:grey", alpha=0.6, zorder=3, label="trial missing it")
+        xs, ys = zip(*bad, strict=True)
+        ax.scatter(xs, ys, s=18, color="tab:grey", alpha=0.6, zorder=3, label="trial missing it")
     ax.plot([points[k][0] for k in front], [points[k][1] for k in front], color="tab:orange", lw=1.2,
             marker="o", ms=4, label="Pareto front")
     best = result.best.search

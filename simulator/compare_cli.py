@@ -25,7 +25,10 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from simulator.report import Section
 
 DEFAULT_POLICIES = "leadscale,waiting-requests,kv-cache,saturation,oracle"
 DEFAULT_COLD_START = "lognormal:p50=120,p90=240"
@@ -73,8 +76,8 @@ def register(subparsers: Any) -> None:
     try:
         from simulator.cli import add_run_arguments
     except ImportError:
-        add_run_arguments = None
-    if add_run_arguments is not None:
+        pass
+    else:
         add_run_arguments(parser)
     add_compare_arguments(parser)
     parser.set_defaults(func=run)
@@ -163,7 +166,7 @@ def extras(workload: Any, profile: Any, slo_ttft_s: float, slo_tpot_s: float, se
            drain_grace_s: float | None = None, leadscale_metadata: dict[str, str] | None = None,
            ) -> tuple[Any, dict[str, Any]]:
     """The fixed stage (None when ``fixed_stage`` is 0) and each rollout scenario, in parallel processes."""
-    common = {"slo_tpot_s": slo_tpot_s}
+    common: dict[str, object] = {"slo_tpot_s": slo_tpot_s}
     work = [("stage", "stage", workload, profile, slo_ttft_s, seed, {**common, "replicas": fixed_stage})
             ] if fixed_stage else []
     work += [("rollout", name, workload, profile, slo_ttft_s, seed,
@@ -247,7 +250,8 @@ def run(args: argparse.Namespace) -> int:
     # policies in the order asked for; each summary's keys sorted
     payload: dict[str, Any] = {"policies": {name: dict(sorted(_clean(r.summary).items()))
                                             for name, r in results.items()}}
-    before, after = [], []
+    before: list[Section] = []
+    after: list[Section] = []
     if stage is not None:
         payload["fixed_stage"] = _clean(stage.to_json())
         before.append((f"Before autoscaling: one replica and a fixed {stage.fixed.replicas}-replica stage",
