@@ -8,12 +8,12 @@ command line wins over the environment. Heavy imports (grpc, prometheus_client) 
 from __future__ import annotations
 
 import argparse
-import math
 import os
 from collections.abc import Callable
 from typing import Any
 
 from scaler import evaluation
+from scaler.cli_types import boolean, choice, integer, port, seconds
 
 ENV_PREFIX = "LEADSCALE_"
 
@@ -22,63 +22,11 @@ def _env_name(flag: str) -> str:
     return ENV_PREFIX + flag.lstrip("-").replace("-", "_").upper()
 
 
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: must be a number of seconds > 0") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: must be a finite number of seconds > 0")
-    return value
-
-
-def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: must be a port number 0..65535") from None
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"{text!r}: must be a port number 0..65535")
-    return value
-
-
-def _integer_at_least(low: int) -> Callable[[str], int]:
-    def convert(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r}: must be an integer >= {low}") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"{text!r}: must be an integer >= {low}")
-        return value
-
-    return convert
-
-
-def _bool(text: str) -> bool:
-    value = text.strip().lower()
-    if value in ("1", "true", "yes", "on"):
-        return True
-    if value in ("0", "false", "no", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"{text!r}: must be true or false")
-
-
-def _choice(*allowed: str) -> Callable[[str], str]:
-    def convert(text: str) -> str:
-        for value in allowed:
-            if text.strip().lower() == value.lower():
-                return value
-        raise argparse.ArgumentTypeError(f"{text!r}: must be one of {', '.join(allowed)}")
-
-    return convert
-
-
 # (flag, type, default, help); the environment default is resolved at parse time
 FLAGS: tuple[tuple[str, Callable[[str], Any], Any, str], ...] = (
     ("--host", str, "0.0.0.0", "address the gRPC and metrics servers listen on"),
-    ("--port", _port, 9090, "gRPC port KEDA connects to (scalerAddress)"),
-    ("--metrics-port", _port, 9091, "port of the scaler's own /metrics and /decisions; 0 picks a free one"),
+    ("--port", port, 9090, "gRPC port KEDA connects to (scalerAddress)"),
+    ("--metrics-port", port, 9091, "port of the scaler's own /metrics and /decisions; 0 picks a free one"),
     ("--metrics-host", str, None, "address /metrics and /decisions listen on (default: --host)"),
     ("--prometheus-url", str, None, "default Prometheus for triggers without prometheusAddress"),
     ("--prometheus-auth-modes", str, None,
@@ -87,22 +35,22 @@ FLAGS: tuple[tuple[str, Callable[[str], Any], Any, str], ...] = (
      "directory of files named after KEDA's Prometheus TriggerAuthentication parameters: bearerToken, username, "
      "password, ca, cert, key (a mounted Secret); sent only to --prometheus-url"),
     ("--scrape-targets", str, None, "comma-separated pod /metrics URLs: direct-scrape mode instead of Prometheus"),
-    ("--interval", _positive_float, evaluation.DEFAULT_INTERVAL_S, "seconds between evaluations of each scaled object"),
-    ("--staleness-limit", _positive_float, evaluation.DEFAULT_STALENESS_LIMIT_S,
+    ("--interval", seconds, evaluation.DEFAULT_INTERVAL_S, "seconds between evaluations of each scaled object"),
+    ("--staleness-limit", seconds, evaluation.DEFAULT_STALENESS_LIMIT_S,
      "seconds a last good decision may be reused after failed fetches; older means UNAVAILABLE"),
-    ("--idle-timeout", _positive_float, 600.0, "drop a scaled object not asked about for this many seconds"),
-    ("--kubernetes", _bool, False,
+    ("--idle-timeout", seconds, 600.0, "drop a scaled object not asked about for this many seconds"),
+    ("--kubernetes", boolean, False,
      "read ready/starting pods, measured lead time and min/max from the API server (in-cluster or kubeconfig)"),
-    ("--deletion-cost", _bool, False,
+    ("--deletion-cost", boolean, False,
      "with --kubernetes: before a scale-down, mark the least busy pods for deletion (pod-deletion-cost)"),
-    ("--max-workers", _integer_at_least(4), 256, "gRPC worker threads (each open StreamIsActive holds one)"),
-    ("--max-objects", _integer_at_least(1), 10_000,
+    ("--max-workers", integer(4), 256, "gRPC worker threads (each open StreamIsActive holds one)"),
+    ("--max-objects", integer(1), 10_000,
      "most scaled objects evaluated at once; a new one past it is RESOURCE_EXHAUSTED until others idle out"),
     ("--tls-cert", str, None, "server certificate (PEM); enables TLS"),
     ("--tls-key", str, None, "server private key (PEM)"),
     ("--tls-client-ca", str, None, "CA bundle (PEM) that client certificates must chain to; enables mTLS"),
-    ("--log-level", _choice("DEBUG", "INFO", "WARNING", "ERROR"), "INFO", "Python logging level"),
-    ("--log-format", _choice("text", "json"), "text",
+    ("--log-level", choice("DEBUG", "INFO", "WARNING", "ERROR"), "INFO", "Python logging level"),
+    ("--log-format", choice("text", "json"), "text",
      "text: 'time level logger message' lines (decision messages are JSON); json: one JSON object per line"),
 )
 
