@@ -81,3 +81,16 @@ def choice(*allowed: str) -> Callable[[str], str]:
 
     convert.__name__ = "choice"
     return convert
+
+
+def key_value(example: str, value_required: bool = True) -> Callable[[str], tuple[str, str]]:
+    """``NAME=VALUE`` as a stripped pair (a repeatable flag appends them); ``example`` shows the form."""
+
+    def convert(text: str) -> tuple[str, str]:
+        name, sep, value = text.partition("=")
+        if not sep or not name.strip() or (value_required and not value.strip()):
+            raise argparse.ArgumentTypeError(f"{text!r}: must be NAME=VALUE, e.g. {example}")
+        return name.strip(), value.strip()
+
+    convert.__name__ = "NAME=VALUE"
+    return convert

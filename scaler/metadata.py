@@ -23,7 +23,7 @@ import re
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from scaler import keys
 from scaler.capacity import ReplicaCapacity
@@ -31,6 +31,9 @@ from scaler.engine_limits import CapacityKeys
 from scaler.metadata_values import LABEL_NAME, Reader
 from scaler.metadata_values import Problem as Problem
 from scaler.sources.base import RESERVED_LABELS
+
+if TYPE_CHECKING:  # the policy imports the capacity model, which this module's users import first
+    from scaler.policy import PolicyConfig
 
 EXPLICIT_CAPACITY_KEYS = ("prefillTokensPerSecond", "decodeTokensPerSecond", "maxNumSeqs", "kvCacheTokens")
 REQUIRED_CAPACITY_KEYS = ("prefillTokensPerSecond", "decodeTokensPerSecond")
@@ -130,7 +133,7 @@ class ScalerConfig:
         return self.capacity_keys.resolve(signals, where)
 
     def policy_config(self, min_replicas: int | None = None, max_replicas: int | None = None,
-                      capacity: ReplicaCapacity | None = None) -> Any:
+                      capacity: ReplicaCapacity | None = None) -> PolicyConfig:
         """The policy's config; min/max from metadata win over the ScaledObject's (passed by the caller).
         ``capacity`` (from ``replica_capacity``) is needed when the metadata leaves engine limits open."""
         from scaler.policy import PolicyConfig

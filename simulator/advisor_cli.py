@@ -22,51 +22,44 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-DEFAULT_COLD_START = "lognormal:p50=120,p90=240"
-
-
-def _fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a number in (0, 1]") from None
-    if not (0 < value <= 1):
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a number in (0, 1]")
-    return value
-
-
-def _count(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected an integer >= 1")
-    return int(text)
+from scaler.cli_types import count, fraction, key_value, number, seconds
+from scaler.limits import Limit
+from simulator.cli_options import (
+    add_cold_start_argument,
+    add_fleet_bounds,
+    add_jobs_argument,
+    add_profile_argument,
+    add_seed_argument,
+    add_slo_arguments,
+    check_fleet_bounds,
+    jobs_or_cores,
+)
+from simulator.results import json_safe
 
 
 def add_tune_arguments(parser: argparse.ArgumentParser, model_required: bool = False) -> None:
     """The search, robustness and manifest flags shared by tune and advise."""
     g = parser.add_argument_group("search")
-    g.add_argument("--cold-start", default=DEFAULT_COLD_START, help=f"cold-start spec (default {DEFAULT_COLD_START})")
-    g.add_argument("--trials", type=_count, default=30, help="optuna trials on the search window (default 30)")
-    g.add_argument("--target", type=_fraction, default=0.99, help="SLO attainment to meet (default 0.99)")
-    g.add_argument("--holdout", type=_fraction, default=0.3,
+    add_cold_start_argument(g)
+    g.add_argument("--trials", type=count, default=30, help="optuna trials on the search window (default 30)")
+    g.add_argument("--target", type=fraction, default=0.99, help="SLO attainment to meet (default 0.99)")
+    g.add_argument("--holdout", type=fraction, default=0.3,
                    help="fraction of the time, at the end, held out from the search (default 0.3)")
-    g.add_argument("--seeds", type=_count, default=3, help="seeds per shortlisted candidate (default 3)")
-    g.add_argument("--top", type=_count, default=3, help="candidates re-evaluated for robustness (default 3)")
+    g.add_argument("--seeds", type=count, default=3, help="seeds per shortlisted candidate (default 3)")
+    g.add_argument("--top", type=count, default=3, help="candidates re-evaluated for robustness (default 3)")
     g.add_argument("--baselines", default="waiting-requests,kv-cache,saturation,leadscale",
                    help="policies compared on the held-out window ('leadscale' = untuned defaults; also oracle)")
-    g.add_argument("--jobs", type=int, default=0, help="parallel processes (default: one per core)")
-    g.add_argument("--batch", type=_count, default=2,
+    add_jobs_argument(g)
+    g.add_argument("--batch", type=count, default=2,
                    help="trials asked per round (default 2); results depend on it, not on --jobs")
-    g.add_argument("--fixed-stage", type=_count, default=2,
+    g.add_argument("--fixed-stage", type=count, default=2,
                    help="replicas of the fixed stage reported before any autoscaling advice (default 2)")
-    g.add_argument("--min-replicas", type=int, default=1, help="minReplicaCount (default 1)")
-    g.add_argument("--max-replicas", type=int, default=100, help="maxReplicaCount (default 100)")
+    add_fleet_bounds(g)
     d = parser.add_argument_group("many machines and resume (simulator.tune_jobs, docs/advisor.md)")
     d.add_argument("--backend", choices=("local", "rdb"), default="local",
                    help="who simulates the runs: local processes (default) or workers sharing --storage "
@@ -77,7 +70,7 @@ def add_tune_arguments(parser: argparse.ArgumentParser, model_required: bool = F
     d.add_argument("--resume", nargs="?", const="yes", choices=("yes", "auto"), default=None,
                    help="continue the stopped --study: recorded runs are not simulated again; --resume=auto "
                         "also starts it when it does not exist (a Job that may be restarted)")
-    d.add_argument("--worker-timeout", type=float, default=900.0, metavar="S",
+    d.add_argument("--worker-timeout", type=seconds, default=900.0, metavar="S",
                    help="--backend rdb: fail when no worker finishes a run for S seconds (default 900)")
     m = parser.add_argument_group("manifests")
     if model_required:
@@ -93,7 +86,7 @@ def add_tune_arguments(parser: argparse.ArgumentParser, model_required: bool = F
 
 
 def register(subparsers: Any) -> None:
-    from simulator.cli import add_run_arguments
+    from simulator.cli_options import add_run_arguments
 
     tune = subparsers.add_parser("tune", help="tune leadscale's settings on a trace (simulated)",
                                  description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -105,15 +98,15 @@ def register(subparsers: Any) -> None:
     p = advise.add_argument_group("history")
     p.add_argument("--prometheus", required=True, metavar="URL", help="Prometheus holding the vLLM metrics")
     p.add_argument("--since", default="7d", help="how far back to read (default 7d)")
-    p.add_argument("--until", type=float, default=None, metavar="UNIX_S", help="end of the range (default now)")
+    p.add_argument("--until", type=number(Limit(0.0)), default=None, metavar="UNIX_S",
+                   help="end of the range (default now)")
     p.add_argument("--step", default="60", help="resolution of the range queries (default 60 s)")
     p.add_argument("--span", default="4h", help="simulate the busiest span of this length (default 4h)")
-    p.add_argument("--label", action="append", default=[], metavar="NAME=VALUE",
+    p.add_argument("--label", action="append", default=[], metavar="NAME=VALUE", type=key_value("namespace=llm"),
                    help="extra label matcher, e.g. namespace=llm (repeatable)")
-    p.add_argument("--profile", default="h100-llama3-8b", help="performance profile (default h100-llama3-8b)")
-    p.add_argument("--slo-ttft", type=float, default=2.0, help="TTFT SLO, seconds (default 2)")
-    p.add_argument("--slo-tpot", type=float, default=0.1, help="TPOT SLO, seconds (default 0.1)")
-    p.add_argument("--seed", type=int, default=0, help="seed of every random draw (default 0)")
+    add_profile_argument(p)
+    add_slo_arguments(p)
+    add_seed_argument(p)
     add_tune_arguments(advise, model_required=True)
     advise.set_defaults(func=run_advise)
     worker = subparsers.add_parser("tune-worker", help="simulate the runs of a tune/advise --backend rdb study",
@@ -123,9 +116,9 @@ def register(subparsers: Any) -> None:
                                    "a Kubernetes Job).")
     worker.add_argument("--storage", required=True, metavar="URL", help="the coordinator's --storage")
     worker.add_argument("--study", default="leadscale-tune", help="the coordinator's --study")
-    worker.add_argument("--idle-exit", type=float, default=300.0, metavar="S",
+    worker.add_argument("--idle-exit", type=number(Limit(0.0), "seconds"), default=300.0, metavar="S",
                         help="exit after S seconds without a run to do (default 300)")
-    worker.add_argument("--max-runs", type=int, default=None, metavar="N", help="exit after N runs")
+    worker.add_argument("--max-runs", type=count, default=None, metavar="N", help="exit after N runs")
     worker.set_defaults(func=run_worker)
 
 
@@ -133,10 +126,6 @@ def run_worker(args: argparse.Namespace) -> int:
     from simulator.tune_jobs import StudyError, work
 
     try:
-        if not (math.isfinite(args.idle_exit) and args.idle_exit >= 0):
-            raise ValueError(f"--idle-exit {args.idle_exit!r}: expected a finite number of seconds >= 0")
-        if args.max_runs is not None and args.max_runs < 1:
-            raise ValueError(f"--max-runs {args.max_runs!r}: expected an integer >= 1")
         done = work(args.storage, args.study, args.idle_exit, args.max_runs,
                     say=lambda m: print(f"leadscale tune-worker: {m}", file=sys.stderr, flush=True))
     except (ValueError, StudyError, KeyError, OSError) as exc:
@@ -147,7 +136,7 @@ def run_worker(args: argparse.Namespace) -> int:
 
 
 def run_tune(args: argparse.Namespace) -> int:
-    from simulator.cli import build_run_inputs
+    from simulator.cli_options import build_run_inputs
 
     try:
         inputs = build_run_inputs(args)
@@ -166,15 +155,7 @@ def run_advise(args: argparse.Namespace) -> int:
         since = history.parse_duration(args.since, "--since")
         step = history.parse_duration(args.step, "--step")
         span = history.parse_duration(args.span, "--span")
-        labels = []
-        for item in args.label:
-            name, sep, value = item.partition("=")
-            if not sep or not name.strip() or not value.strip():
-                raise ValueError(f"--label {item!r}: expected NAME=VALUE, e.g. namespace=llm")
-            labels.append((name.strip(), value.strip()))
-        for flag, value in (("--slo-ttft", args.slo_ttft), ("--slo-tpot", args.slo_tpot)):
-            if not (math.isfinite(value) and value > 0):
-                raise ValueError(f"{flag} {value!r}: expected a finite number of seconds > 0")
+        labels = list(args.label)
         profile = get_profile(args.profile)
         end = args.until if args.until is not None else time.time()
         request = history.HistoryRequest(args.prometheus, args.model, end - since, end, step_s=step,
@@ -201,8 +182,6 @@ def _runner(args: argparse.Namespace, inputs: Any, baselines: list[str]) -> tupl
                 raise ValueError(f"{flag} needs --storage URL (an optuna RDB storage, e.g. sqlite:///tune.db or "
                                  "postgresql://user:pass@host/db)")
         return None, None
-    if not (math.isfinite(args.worker_timeout) and args.worker_timeout > 0):
-        raise ValueError(f"--worker-timeout {args.worker_timeout!r}: expected a finite number of seconds > 0")
     store = JobStore(args.storage, args.study)
     store.create(inputs, args.resume, extra={"trials": args.trials, "batch": args.batch, "top": args.top,
                                              "seeds": args.seeds, "baselines": baselines})
@@ -263,19 +242,6 @@ def busiest(workload: Any, span_s: float) -> Any:
     return select_window(workload, max(first, 0.0), max(first, 0.0) + span_s)
 
 
-def json_safe(value: Any) -> Any:
-    """numpy scalars to Python, NaN and infinities to null, tuples to lists."""
-    if isinstance(value, dict):
-        return {str(k): json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [json_safe(v) for v in value]
-    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
-        value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
-
-
 def _say(args: argparse.Namespace, message: str) -> None:
     """Progress on stderr (stdout stays one JSON object with --json)."""
     print(f"leadscale {getattr(args, 'command', None) or 'tune'}: {message}", file=sys.stderr, flush=True)
@@ -289,14 +255,12 @@ def _tune_and_write(args: argparse.Namespace, workload: Any, profile: Any, slo_t
     from simulator.stage import stage_report
     from simulator.tuner import TuneInputs, limit_runs, tune
 
-    if args.min_replicas < 0 or args.max_replicas < max(1, args.min_replicas):
-        raise ValueError(f"--min-replicas {args.min_replicas} / --max-replicas {args.max_replicas}: need "
-                         "0 <= min and max >= max(1, min)")
+    check_fleet_bounds(args)
     baselines = parse_policies(args.baselines) if args.baselines.strip() else []
     inputs = TuneInputs(workload, profile, args.cold_start, slo_ttft_s, slo_tpot_s, seed, args.target, args.holdout,
                         args.min_replicas, args.max_replicas)
     started = time.perf_counter()
-    jobs = args.jobs or (os.cpu_count() or 1)
+    jobs = jobs_or_cores(args.jobs)
     runner, store = _runner(args, inputs, baselines)
     _say(args, f"one replica at the SLO and a fixed {args.fixed_stage}-replica stage")
     stage = stage_report(workload, profile, slo_ttft_s, slo_tpot_s, seed, replicas=args.fixed_stage)
@@ -317,7 +281,7 @@ def _tune_and_write(args: argparse.Namespace, workload: Any, profile: Any, slo_t
     out = Path(args.out)
     write_report(result, out, title, history_report, stage=stage, limit=limit, drain=drain)
     best = result.best.settings
-    profile_name = getattr(profile, "name", str(profile))
+    profile_name = profile.name
     common = dict(model=args.model, profile=profile_name, slo_ttft_s=slo_ttft_s, target=args.deployment,
                   min_replicas=args.min_replicas, max_replicas=args.max_replicas)
     header = (f"{title}: trial {result.best.trial} of {len(result.trials)}, "

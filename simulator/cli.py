@@ -1,7 +1,6 @@
 """``leadscale simulate`` and ``leadscale profiles``: run a workload through simulated vLLM replicas.
 
-``add_run_arguments``/``build_run_inputs`` hold the flags every simulator command shares (workload,
-scaling, window, profile, SLO, seed): ``compare``, ``tune`` and ``replay`` reuse them.
+The flags it shares with ``compare``, ``tune`` and ``replay`` are declared in ``simulator.cli_options``.
 
 Examples::
 
@@ -18,122 +17,28 @@ import argparse
 import json
 import math
 import sys
-from dataclasses import dataclass
 from typing import Any
 
-
-@dataclass(frozen=True)
-class RunInputs:
-    """What the shared flags resolve to."""
-
-    workload: Any
-    profile: Any
-    slo_ttft_s: float
-    slo_tpot_s: float
-    seed: int
-
-
-def _window(text: str) -> tuple[float, float | None]:
-    start, sep, end = text.partition(":")
-    try:
-        a = float(start) if start else 0.0
-        b = float(end) if end else None
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--window {text!r}: expected START:END in seconds, e.g. 0:600") from None
-    if not sep or not math.isfinite(a) or a < 0 or (b is not None and not (math.isfinite(b) and b > a)):
-        raise argparse.ArgumentTypeError(f"--window {text!r}: expected START:END seconds with 0 <= START < END")
-    return a, b
-
-
-def _positive(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a number > 0") from None
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a finite number > 0")
-    return value
-
-
-def add_bad_rows_argument(parser: Any) -> None:
-    """``--bad-rows``: what a malformed trace row does (every command that reads ``--trace``)."""
-    parser.add_argument("--bad-rows", choices=("fail", "skip"), default="fail",
-                        help="a malformed trace row stops the command naming file, line and column (fail, the "
-                             "default), or is left out and counted on stderr (skip)")
-
-
-def load_trace_flags(args: argparse.Namespace, fmt: str | None, prog: str) -> Any:
-    """The workload ``--trace``/``--bad-rows`` name; reports skipped malformed rows on stderr."""
-    from simulator.readers import malformed_note
-    from simulator.synthetic import load_workload
-
-    w = load_workload(args.trace, fmt, seed=args.seed, bad_rows=getattr(args, "bad_rows", "fail"))
-    note = malformed_note(w)
-    if note:
-        print(f"{prog}: {note}", file=sys.stderr)
-    return w
-
-
-def add_run_arguments(parser: argparse.ArgumentParser) -> None:
-    """The workload, profile, SLO and seed flags shared by simulate, compare, tune and replay."""
-    g = parser.add_argument_group("workload, model and SLO")
-    g.add_argument("--trace", default=None, metavar="PATH|builtin:NAME",
-                   help="trace file or builtin:NAME[?k=v&...] (default builtin:default)")
-    g.add_argument("--format", default=None, help="trace format (default: detected): azure, mooncake, burstgpt, "
-                   "generic, lengths")
-    add_bad_rows_argument(g)
-    g.add_argument("--window", type=_window, default=None, metavar="START:END",
-                   help="keep arrivals in [START, END) seconds from the first one")
-    g.add_argument("--duration", type=_positive, default=None, metavar="S", help="keep the first S seconds")
-    g.add_argument("--rate-scale", type=_positive, default=1.0, metavar="K",
-                   help="compress time by K (same requests, K times faster, duration / K)")
-    g.add_argument("--load-scale", type=_positive, default=1.0, metavar="K",
-                   help="K times the requests over the same duration and shape")
-    g.add_argument("--profile", default="h100-llama3-8b", metavar="NAME|PATH",
-                   help="performance profile name (leadscale profiles) or YAML file (default h100-llama3-8b)")
-    g.add_argument("--slo-ttft", type=_positive, default=2.0, metavar="S", help="TTFT SLO, seconds (default 2)")
-    g.add_argument("--slo-tpot", type=_positive, default=0.1, metavar="S", help="TPOT SLO, seconds (default 0.1)")
-    g.add_argument("--seed", type=int, default=0, help="seed of every random draw (default 0)")
-
-
-def build_run_inputs(args: argparse.Namespace) -> RunInputs:
-    """Resolve the shared flags; bad values raise ValueError/KeyError naming the flag and value."""
-    import numpy as np
-
-    from scaler.profiles import get_profile
-    from simulator import workload as wl
-
-    profile = get_profile(args.profile)
-    w = load_trace_flags(args, args.format, "leadscale")
-    if args.window is not None:
-        w = wl.select_window(w, args.window[0], args.window[1])
-    if args.duration is not None:
-        w = wl.select_window(w, 0.0, args.duration)
-    if args.rate_scale != 1.0:
-        w = wl.rate_scale(w, args.rate_scale)
-    if args.load_scale != 1.0:
-        w = wl.load_scale(w, args.load_scale, np.random.default_rng([args.seed, 2]))
-    if len(w) == 0:
-        raise ValueError(f"workload {w.name!r}: no requests left after --window/--duration/--load-scale")
-    return RunInputs(workload=w, profile=profile, slo_ttft_s=args.slo_ttft, slo_tpot_s=args.slo_tpot, seed=args.seed)
+from scaler.cli_types import integer, seconds
+from simulator.cli_options import RunInputs, add_cold_start_argument, add_run_arguments, build_run_inputs
 
 
 def register(subparsers: Any) -> None:
     sim = subparsers.add_parser("simulate", help="replay a workload on simulated vLLM replicas",
                                 description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_run_arguments(sim)
-    sim.add_argument("--replicas", type=int, default=1, help="fixed fleet size (default 1)")
+    sim.add_argument("--replicas", type=integer(1), default=1, help="fixed fleet size (default 1)")
     sim.add_argument("--router", default="auto", help="auto (default: prefix when the trace names prefix blocks, "
                      "else least-tokens), least-tokens, prefix, round-robin or random")
     sim.add_argument("--policy", default=None, help="autoscale with this policy (e.g. leadscale) instead of "
                      "a fixed fleet")
-    sim.add_argument("--cold-start", default="lognormal:p50=120,p90=240", help="cold-start spec for --policy")
+    add_cold_start_argument(sim)
     sim.add_argument("--out", default=None, metavar="DIR", help="write summary.json, requests.csv, kv_usage.csv")
     sim.add_argument("--json", action="store_true", help="print the summary as one JSON object (no progress bar)")
     sim.set_defaults(func=run_simulate)
     prof = subparsers.add_parser("profiles", help="list the built-in performance profiles")
     prof.add_argument("--json", action="store_true", help="print every profile as JSON")
-    prof.add_argument("--slo-ttft", type=_positive, default=2.0, help="TTFT SLO for the capacity column (s)")
+    prof.add_argument("--slo-ttft", type=seconds, default=2.0, help="TTFT SLO for the capacity column (s)")
     prof.set_defaults(func=run_profiles)
 
 

@@ -26,6 +26,8 @@ from pathlib import Path
 import numpy as np
 
 KINDS = ("fixed", "uniform", "lognormal", "empirical")
+DEFAULT_SPEC = "lognormal:p50=120,p90=240"
+"""The cold start every command and the tuner assume unless told: a median of 2 min, a p90 of 4 min."""
 DEFAULT_PENDING_FRACTION = 0.4
 _Z90 = 1.2815515655446004  # standard normal quantile at 0.9
 

@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import os
 import sys
 import time
 from collections.abc import Sequence
@@ -27,38 +25,41 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from scaler.cli_types import integer, key_value, number
+from scaler.limits import Limit
+from simulator.cli_options import (
+    add_cold_start_argument,
+    add_fleet_bounds,
+    add_jobs_argument,
+    add_run_arguments,
+    build_run_inputs,
+    check_fleet_bounds,
+    jobs_or_cores,
+)
+from simulator.results import json_safe
+
 if TYPE_CHECKING:
     from simulator.report import Section
 
 DEFAULT_POLICIES = "leadscale,waiting-requests,kv-cache,saturation,oracle"
-DEFAULT_COLD_START = "lognormal:p50=120,p90=240"
 ORACLE_KEYS = ("oracle_gpu_hours", "oracle_lower_bound_gpu_hours", "oracle_bound_gap_gpu_hours", "oracle_meets_slo",
                "causal_min_late_share", "causally_feasible")
 """The oracle's headline figures, repeated at the top level of ``--json`` (the full set is in its summary)."""
 
 
-def _has(parser: argparse.ArgumentParser, flag: str) -> bool:
-    return flag in parser._option_string_actions  # argparse has no public "is this flag taken"
-
-
 def add_compare_arguments(parser: argparse.ArgumentParser) -> None:
-    """The flags ``compare`` adds to the core's run flags (skipping any the core already defines)."""
+    """The flags ``compare`` adds to the shared run flags (``simulator.cli_options``)."""
     parser.add_argument("--policies", default=DEFAULT_POLICIES,
                         help=f"comma-separated policies (default {DEFAULT_POLICIES}); also fixed:N")
-    if not _has(parser, "--cold-start"):
-        parser.add_argument("--cold-start", default=DEFAULT_COLD_START,
-                            help="cold-start spec: fixed:S, uniform:A,B, lognormal:p50=A,p90=B, empirical:[...]|FILE")
-    if not _has(parser, "--out"):
-        parser.add_argument("--out", required=True, help="directory for report.md, report.html, PNGs, summary.json")
-    if not _has(parser, "--json"):
-        parser.add_argument("--json", action="store_true", help='print {"policies": {name: summary}} on stdout')
-    parser.add_argument("--min-replicas", type=int, default=1, help="minReplicaCount of every autoscaler (default 1)")
-    parser.add_argument("--max-replicas", type=int, default=100, help="maxReplicaCount (default 100)")
-    parser.add_argument("--drain-grace", type=float, default=None,
+    add_cold_start_argument(parser)
+    parser.add_argument("--out", required=True, help="directory for report.md, report.html, PNGs, summary.json")
+    parser.add_argument("--json", action="store_true", help='print {"policies": {name: summary}} on stdout')
+    add_fleet_bounds(parser)
+    parser.add_argument("--drain-grace", type=number(Limit(0.0), "seconds"), default=None,
                         help="termination grace period of a deleted pod, seconds (default: the chart's rule, "
                              "preStop 10 s + p99 request duration + 5 s, on the warm fleet's first five minutes)")
-    parser.add_argument("--jobs", type=int, default=0, help="parallel processes (default: one per core)")
-    parser.add_argument("--fixed-stage", type=int, default=2, metavar="N",
+    add_jobs_argument(parser)
+    parser.add_argument("--fixed-stage", type=integer(0), default=2, metavar="N",
                         help="replicas of the fixed stage reported first (default 2; 0 skips it)")
     parser.add_argument("--rollout", default="auto", metavar="auto|none|T:PCT,...",
                         help="rollout scenarios with leadscale: auto (0-10-50-100 %% and a rollback at 50 %%), "
@@ -67,33 +68,16 @@ def add_compare_arguments(parser: argparse.ArgumentParser) -> None:
                         help="on: the route moves once the version gaining traffic is available (default); "
                              "off: at each step's time")
     parser.add_argument("--leadscale-meta", action="append", default=[], metavar="KEY=VALUE",
+                        type=key_value("targetUtilization=0.9", value_required=False),
                         help="extra trigger metadata for leadscale (repeatable), e.g. targetUtilization=0.9")
 
 
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser("compare", help="compare autoscaling policies on one workload",
                                    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    try:
-        from simulator.cli import add_run_arguments
-    except ImportError:
-        pass
-    else:
-        add_run_arguments(parser)
+    add_run_arguments(parser)
     add_compare_arguments(parser)
     parser.set_defaults(func=run)
-
-
-def _clean(value: Any) -> Any:
-    """JSON-safe: numpy scalars to Python, NaN/inf to null."""
-    if isinstance(value, dict):
-        return {k: _clean(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_clean(v) for v in value]
-    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
-        value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
 
 
 def _one(job: tuple[Any, ...]) -> tuple[str, Any]:
@@ -123,8 +107,7 @@ def compare(workload: Any, profile: Any, policies: Sequence[str], cold_start: st
     work = [(n, workload, profile, cold_start, slo_ttft_s, seed, kwargs) for n in names]
     # the oracle re-simulates several times: start it first so it overlaps with the others
     work.sort(key=lambda job: job[0] != "oracle")
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    workers = min(len(work), jobs if jobs > 0 else cores)
+    workers = min(len(work), jobs_or_cores(jobs))
     if workers <= 1:
         done = dict(_one(job) for job in work)
     else:
@@ -173,28 +156,13 @@ def extras(workload: Any, profile: Any, slo_ttft_s: float, slo_tpot_s: float, se
               {**common, "schedule": steps, "gate": gate, "cold_start": cold_start, "max_replicas": max_replicas,
                "drain_grace_s": drain_grace_s, "leadscale_metadata": leadscale_metadata})
              for name, steps in rollouts.items()]
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    workers = min(len(work), jobs if jobs > 0 else cores)
+    workers = min(len(work), jobs_or_cores(jobs))
     if workers <= 1:
         done = dict(_extra(job) for job in work)
     else:
         with ProcessPoolExecutor(max_workers=workers) as pool:
             done = dict(pool.map(_extra, work))
     return done.pop("stage", None), done
-
-
-def _key_value(item: str) -> tuple[str, str]:
-    key, sep, value = item.partition("=")
-    if not sep or not key.strip():
-        raise ValueError(f"--leadscale-meta {item!r}: expected KEY=VALUE, e.g. targetUtilization=0.9")
-    return key.strip(), value.strip()
-
-
-def _inputs(args: argparse.Namespace) -> Any:
-    """Workload, profile, SLOs and seed from the core's flags (``simulator.cli.RunInputs``)."""
-    from simulator.cli import build_run_inputs
-
-    return build_run_inputs(args)
 
 
 def _slug(name: str) -> str:
@@ -226,12 +194,9 @@ def run(args: argparse.Namespace) -> int:
     from simulator.report import write_report
 
     try:
-        meta = dict(_key_value(item) for item in args.leadscale_meta)
-        if args.drain_grace is not None and not (math.isfinite(args.drain_grace) and args.drain_grace >= 0):
-            raise ValueError(f"--drain-grace {args.drain_grace!r}: expected a finite number of seconds >= 0")
-        if args.fixed_stage < 0:
-            raise ValueError(f"--fixed-stage {args.fixed_stage}: expected a number of replicas >= 0 (0 skips it)")
-        inputs = _inputs(args)
+        meta = dict(args.leadscale_meta)
+        check_fleet_bounds(args)
+        inputs = build_run_inputs(args)
         workload, profile, slo, seed = inputs.workload, inputs.profile, inputs.slo_ttft_s, inputs.seed
         scenarios = rollout_scenarios(args.rollout, float(workload.duration_s))
         results = compare(workload, profile, args.policies.split(","), args.cold_start, slo, seed, jobs=args.jobs,
@@ -248,27 +213,27 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     # policies in the order asked for; each summary's keys sorted
-    payload: dict[str, Any] = {"policies": {name: dict(sorted(_clean(r.summary).items()))
+    payload: dict[str, Any] = {"policies": {name: dict(sorted(json_safe(r.summary).items()))
                                             for name, r in results.items()}}
     before: list[Section] = []
     after: list[Section] = []
     if stage is not None:
-        payload["fixed_stage"] = _clean(stage.to_json())
+        payload["fixed_stage"] = json_safe(stage.to_json())
         before.append((f"Before autoscaling: one replica and a fixed {stage.fixed.replicas}-replica stage",
                        stage.lines(), []))
     if rollouts:
         from simulator import rollout as rollout_mod
 
         rollout_mod.plot(rollouts, out / "rollout.png")
-        payload["rollouts"] = {name: _clean({"summary": dict(sorted(r.summary.items())), "phases": r.phases,
+        payload["rollouts"] = {name: json_safe({"summary": dict(sorted(r.summary.items())), "phases": r.phases,
                                              "route_weight": r.route_weight}) for name, r in rollouts.items()}
         after.append(("A model rollout with leadscale", rollout_mod.section_lines(rollouts, slo), ["rollout.png"]))
-    notes = [f"workload {getattr(workload, 'name', 'workload')}, {len(workload.arrival_s)} requests; profile "
-             f"{getattr(profile, 'name', profile)}; cold start {args.cold_start}; TTFT SLO p95 <= {slo:g} s; "
+    notes = [f"workload {workload.name}, {len(workload.arrival_s)} requests; profile "
+             f"{profile.name}; cold start {args.cold_start}; TTFT SLO p95 <= {slo:g} s; "
              f"seed {seed}."]
     if "oracle" in results:
         o = results["oracle"].summary
-        payload["oracle"] = {k: _clean(o.get(k)) for k in ORACLE_KEYS if k in o}
+        payload["oracle"] = {k: json_safe(o.get(k)) for k in ORACLE_KEYS if k in o}
     write_report(results, out, "leadscale compare", slo, notes, before=before, after=after)
     (out / "summary.json").write_text(json.dumps(payload, indent=2) + "\n")
     write_timelines(results, out)

@@ -23,7 +23,6 @@ otherwise (``ControlConfig``).
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import cast
 
 from scaler import evaluation
 from scaler import policy as live_policy
@@ -150,9 +149,7 @@ class Leadscale(TriggerPolicy):
         """Exactly what the evaluator builds: metadata first, the ScaledObject's min/max otherwise, engine
         limits the metadata leaves open from ``signals`` (``scaler.engine_limits``)."""
         capacity = self.config.replica_capacity(signals, WHERE)
-        # ScalerConfig.policy_config is typed Any in scaler/metadata.py; the cast goes once that says PolicyConfig
-        config = self.config.policy_config(self.control.min_replicas, self.control.max_replicas, capacity=capacity)
-        return cast(live_policy.PolicyConfig, config)
+        return self.config.policy_config(self.control.min_replicas, self.control.max_replicas, capacity=capacity)
 
     def snapshots(self, now: float, view: View) -> tuple[Signals | SourceError, Signals | SourceError | None]:
         """What the live evaluator's source would answer: this Deployment's snapshot (and the route's)."""

@@ -12,15 +12,19 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from simulator.cli import add_bad_rows_argument, load_trace_flags
+from scaler.cli_types import count, number, positive, seconds
+from scaler.limits import Limit
+from simulator.cli_options import (
+    add_seed_argument,
+    add_slo_arguments,
+    add_trace_arguments,
+    load_trace_flags,
+)
 
 
 def _add_trace_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--trace", default=None,
-                        help="trace file or builtin:NAME[?k=v&...] (default: builtin:default)")
-    parser.add_argument("--format", dest="fmt", default=None, help="trace format (default: detected)")
-    add_bad_rows_argument(parser)
-    parser.add_argument("--seed", type=int, default=0, help="seed for synthetic workloads and prompt words")
+    add_trace_arguments(parser)
+    add_seed_argument(parser, "synthetic workloads and prompt words")
 
 
 def _add_replay_arguments(parser: argparse.ArgumentParser) -> None:
@@ -28,19 +32,24 @@ def _add_replay_arguments(parser: argparse.ArgumentParser) -> None:
                         help="base URL of an OpenAI-compatible server (repeat for several replicas)")
     parser.add_argument("--model", default=None, help="served model name (default: the first of /v1/models)")
     parser.add_argument("--api", choices=("completions", "chat"), default="completions")
-    parser.add_argument("--time-scale", type=float, default=1.0,
+    parser.add_argument("--time-scale", type=positive, default=1.0,
                         help="multiply trace times by this (0.5 replays twice as fast)")
-    parser.add_argument("--start", type=float, default=0.0, help="skip trace requests before this second")
-    parser.add_argument("--max-requests", type=int, default=None)
-    parser.add_argument("--max-concurrency", type=int, default=256, help="requests in flight at most")
-    parser.add_argument("--routing", choices=("round-robin", "least-outstanding"), default="round-robin")
-    parser.add_argument("--timeout", type=float, default=600.0, help="per-request timeout in seconds")
-    parser.add_argument("--metrics-interval", type=float, default=1.0, help="seconds between /metrics scrapes")
-    parser.add_argument("--slo-ttft", type=float, default=2.0)
-    parser.add_argument("--slo-tpot", type=float, default=0.2)
+    parser.add_argument("--start", type=number(Limit(0.0), "seconds"), default=0.0,
+                        help="skip trace requests before this second")
+    parser.add_argument("--max-requests", type=count, default=None, help="replay at most this many requests")
+    _add_client_arguments(parser)
+    add_slo_arguments(parser, tpot_default=0.2)
     parser.add_argument("--extra-body", default=None, metavar="JSON",
                         help='fields added to every request, e.g. \'{"stream_interval": 16}\' (vLLM: a chunk per 16 '
                              "tokens, less frontend work; ITL is then per chunk)")
+
+
+def _add_client_arguments(parser: argparse.ArgumentParser) -> None:
+    """How the load generator talks to the endpoints (replay and capacity alike)."""
+    parser.add_argument("--max-concurrency", type=count, default=256, help="requests in flight at most")
+    parser.add_argument("--routing", choices=("round-robin", "least-outstanding"), default="round-robin")
+    parser.add_argument("--timeout", type=seconds, default=600.0, help="per-request timeout in seconds")
+    parser.add_argument("--metrics-interval", type=seconds, default=1.0, help="seconds between /metrics scrapes")
 
 
 def _extra_body(text: str | None) -> tuple[tuple[str, Any], ...]:
@@ -69,7 +78,7 @@ def replay_config(args: argparse.Namespace) -> Any:
 
 
 def load_trace_arg(args: argparse.Namespace) -> Any:
-    return load_trace_flags(args, args.fmt, "leadscale")
+    return load_trace_flags(args, args.format, "leadscale")
 
 
 def run_replay(args: argparse.Namespace) -> int:
@@ -181,10 +190,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     cal.add_argument("--replay", required=True, metavar="DIR", help="a replay output folder")
     cal.add_argument("--out", default="profile.yaml", help="where to write the fitted profile (default profile.yaml)")
     cal.add_argument("--check", default=None, metavar="PROFILE", help="only compare this profile with the replay")
-    cal.add_argument("--max-num-seqs", type=int, default=None, help="the server's --max-num-seqs (default: inferred)")
-    cal.add_argument("--max-num-batched-tokens", type=int, default=None,
+    cal.add_argument("--max-num-seqs", type=count, default=None, help="the server's --max-num-seqs (default: inferred)")
+    cal.add_argument("--max-num-batched-tokens", type=count, default=None,
                      help="the server's --max-num-batched-tokens (default: inferred upper bound)")
-    cal.add_argument("--max-evals", type=int, default=120, help="simulations the fit may run (default 120)")
+    cal.add_argument("--max-evals", type=count, default=120, help="simulations the fit may run (default 120)")
     cal.add_argument("--json", action="store_true", help="also print the table as JSON")
     cal.set_defaults(func=run_calibrate)
 
@@ -196,18 +205,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     target = cap.add_mutually_exclusive_group(required=True)
     target.add_argument("--endpoint", action="append", metavar="URL", help="one vLLM replica's base URL")
     target.add_argument("--profile", metavar="NAME|PATH", help="a performance profile (simulated)")
-    cap.add_argument("--slo-ttft", type=float, required=True, help="TTFT SLO, seconds")
-    cap.add_argument("--slo-tpot", type=float, default=None, help="TPOT SLO, seconds (optional)")
-    cap.add_argument("--percentile", type=int, default=90, help="SLO percentile: 50, 90, 95 or 99 (default 90)")
-    cap.add_argument("--start-rate", type=float, default=0.5, help="first offered load, requests/s")
-    cap.add_argument("--factor", type=float, default=1.5, help="load multiplier between steps")
-    cap.add_argument("--max-steps", type=int, default=10)
-    cap.add_argument("--requests", type=int, default=60, help="requests per step")
+    add_slo_arguments(cap, tpot_default=None, ttft_required=True)
+    cap.add_argument("--percentile", type=int, choices=(50, 90, 95, 99), default=90,
+                     help="SLO percentile (default 90)")
+    cap.add_argument("--start-rate", type=positive, default=0.5, help="first offered load, requests/s")
+    cap.add_argument("--factor", type=number(Limit(1.0, low_open=True)), default=1.5,
+                     help="load multiplier between steps")
+    cap.add_argument("--max-steps", type=count, default=10, help="load steps at most (default 10)")
+    cap.add_argument("--requests", type=count, default=60, help="requests per step")
     cap.add_argument("--model", default=None)
     cap.add_argument("--api", choices=("completions", "chat"), default="completions")
-    cap.add_argument("--max-concurrency", type=int, default=256)
-    cap.add_argument("--routing", default="round-robin")
-    cap.add_argument("--timeout", type=float, default=600.0)
-    cap.add_argument("--metrics-interval", type=float, default=1.0)
+    _add_client_arguments(cap)
     cap.add_argument("--out", default="capacity", metavar="DIR", help="capacity.json, knee.png (default ./capacity)")
     cap.set_defaults(func=run_capacity)

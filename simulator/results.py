@@ -249,6 +249,20 @@ class SimulationResult:
                    header="t_s,kv_usage_mean,kv_usage_max,replicas", comments="")
 
 
+def json_safe(value: Any) -> Any:
+    """JSON-ready: numpy scalars and arrays to Python, NaN and infinities to null (a figure that does not
+    exist, e.g. a percentile of no requests), tuples to lists, keys to strings."""
+    if isinstance(value, dict):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, np.ndarray)):
+        return [json_safe(v) for v in value]
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
 def dumps(summary: dict[str, Any]) -> str:
     """JSON text of a summary; refuses NaN/inf (a bug upstream), never writes them."""
     return json.dumps(summary, allow_nan=False, indent=2, sort_keys=False)

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 import numpy as np
 
+from simulator.coldstart import DEFAULT_SPEC as DEFAULT_COLD_START
 from simulator.manifests import DEFAULT_SETTINGS, Settings
 
 if TYPE_CHECKING:  # optuna is imported where used (the sim extra)
@@ -46,7 +47,7 @@ class TuneInputs:
 
     workload: Any
     profile: Any
-    cold_start: str = "lognormal:p50=120,p90=240"
+    cold_start: str = DEFAULT_COLD_START
     slo_ttft_s: float = 2.0
     slo_tpot_s: float = 0.1
     seed: int = 0

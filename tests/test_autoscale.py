@@ -238,8 +238,9 @@ def test_leadscale_runs_under_the_charts_scaled_object() -> None:
 
 
 def test_compare_and_report_write_the_table_and_plots(tmp_path) -> None:
-    from simulator.compare_cli import _clean, compare
+    from simulator.compare_cli import compare
     from simulator.report import markdown_table, write_report
+    from simulator.results import json_safe
 
     results = compare(ramp_workload(minutes=10), Profile(), ["fixed:2", "waiting-requests"], "fixed:60", 2.0, 1,
                       jobs=1, backend_factory=QueueBackend)
@@ -251,7 +252,7 @@ def test_compare_and_report_write_the_table_and_plots(tmp_path) -> None:
     assert "| fixed:2 |" in md and "GPU-hours" in md and "![replicas.png](replicas.png)" in md
     assert "<table>" in paths["html"].read_text()
     assert markdown_table(results).count("\n") == 3
-    assert _clean({"x": float("nan"), "y": np.float64(2.0), "z": [np.int64(3)]}) == {"x": None, "y": 2.0, "z": [3]}
+    assert json_safe({"x": float("nan"), "y": np.float64(2.0), "z": [np.int64(3)]}) == {"x": None, "y": 2.0, "z": [3]}
 
 
 def test_profile_keys_name_a_known_profile_or_spell_out_the_capacity() -> None:
@@ -331,7 +332,7 @@ def test_compare_cli_prints_policies_json_and_writes_the_report(tmp_path, capsys
 
 def test_compare_checks_leadscale_metadata_with_the_live_parser_before_running() -> None:
     from scaler.metadata import MetadataError
-    from simulator.compare_cli import _key_value, compare
+    from simulator.compare_cli import compare
 
     with pytest.raises(MetadataError, match="did you mean 'targetUtilization'"):
         compare(ramp_workload(minutes=2), Profile(), ["leadscale"], "fixed:60", 2.0, 1, jobs=1,
@@ -341,9 +342,21 @@ def test_compare_checks_leadscale_metadata_with_the_live_parser_before_running()
     default = compare(ramp_workload(minutes=5), Profile(), ["leadscale"], "fixed:60", 2.0, 1, jobs=1,
                       backend_factory=QueueBackend)
     assert tuned["leadscale"].summary["gpu_hours"] > default["leadscale"].summary["gpu_hours"]
-    assert _key_value(" a = b ") == ("a", "b")
-    with pytest.raises(ValueError, match="expected KEY=VALUE"):
-        _key_value("novalue")
+
+
+
+def test_key_value_flags_are_stripped_pairs_or_refused() -> None:
+    import argparse
+
+    from scaler.cli_types import key_value
+
+    assert key_value("a=b")(" a = b ") == ("a", "b")
+    assert key_value("a=b", value_required=False)("a=") == ("a", "")
+    for bad in ("novalue", "=b"):
+        with pytest.raises(argparse.ArgumentTypeError, match=r"must be NAME=VALUE, e\.g\. a=b"):
+            key_value("a=b")(bad)
+    with pytest.raises(argparse.ArgumentTypeError):
+        key_value("a=b")("a=")
 
 
 def test_every_policy_starts_from_the_smallest_fleet_that_meets_the_slo_at_first() -> None:

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from leadscale.cli import main
-from simulator.cli import _window, add_run_arguments, build_run_inputs
+from simulator.cli_options import _window, add_run_arguments, build_run_inputs
 from tests.conftest import TRACES, require
 
 SMALL = "builtin:poisson?rate=5&duration=60"
@@ -49,7 +49,6 @@ def test_out_dir(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
 @pytest.mark.parametrize(("argv", "message"), [
     (["--profile", "tpu-llama"], "unknown profile 'tpu-llama'"),
     (["--trace", "builtin:nosuch"], "nosuch"),
-    (["--replicas", "0"], "--replicas 0"),
     (["--router", "fastest"], "router='fastest'"),
     (["--trace", "/nonexistent/trace.csv"], "trace.csv"),
 ])
@@ -60,10 +59,18 @@ def test_bad_input_exits_2_with_a_message(capsys: pytest.CaptureFixture[str], ar
     assert message in err and "Traceback" not in err
 
 
-def test_bad_flag_values_are_argparse_errors() -> None:
-    for argv in (["--window", "10:5"], ["--rate-scale", "0"], ["--slo-ttft", "nan"]):
-        with pytest.raises(SystemExit):
-            main(["simulate", *argv])
+@pytest.mark.parametrize(("argv", "allowed"), [
+    (["--window", "10:5"], "0 <= START < END"), (["--rate-scale", "0"], "must be a number > 0"),
+    (["--slo-ttft", "nan"], "must be a number > 0 (seconds)"), (["--replicas", "0"], "must be an integer >= 1"),
+    (["--seed", "-1"], "must be an integer >= 0"),
+])
+def test_bad_flag_values_are_argparse_errors(capsys: pytest.CaptureFixture[str], argv: list[str],
+                                             allowed: str) -> None:
+    """A flag's type refuses its value naming the flag, the value and what is allowed (scaler.cli_types)."""
+    with pytest.raises(SystemExit) as exited:
+        main(["simulate", *argv])
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and f"argument {argv[0]}" in err and repr(argv[1]) in err and allowed in err
 
 
 def test_run_inputs_window_and_scales() -> None:

@@ -49,5 +49,6 @@ def test_compare_can_skip_both_and_names_a_bad_schedule(tmp_path: Path, capsys: 
     assert "## " not in (tmp_path / "a" / "report.md").read_text()  # the plain report, as before
     assert main([*base, "--rollout", "60:10,30:50", "--out", str(tmp_path / "b")]) == 2
     assert "times must increase" in capsys.readouterr().err
-    assert main([*base, "--drain-grace", "-1", "--out", str(tmp_path / "c")]) == 2
-    assert "--drain-grace" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exited:  # the flag's type refuses it (scaler.cli_types)
+        main([*base, "--drain-grace", "-1", "--out", str(tmp_path / "c")])
+    assert exited.value.code == 2 and "argument --drain-grace: '-1': must be a number >= 0" in capsys.readouterr().err
