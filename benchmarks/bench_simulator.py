@@ -30,6 +30,7 @@ import shutil
 import subprocess
 import sys
 import time
+from typing import Any
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -98,32 +99,52 @@ def growth(args: argparse.Namespace) -> int:
     return 0
 
 
-def week(args: argparse.Namespace) -> int:
-    """One long run in this process: ``--requests`` Poisson arrivals at ``--rate`` (default for this mode:
-    20 M at 33/s, a week) on ``--replicas``, the compiled engine; CPU seconds, peak RSS and the RSS it adds
-    per request (the workload's and the per-request log's columns: memory grows with requests)."""
+def week_one(args: argparse.Namespace) -> dict[str, Any]:
+    """One long run in this process: ``--requests`` Poisson arrivals at ``--rate`` on ``--replicas``, the
+    compiled engine, held in memory (``memory``: ``engine.simulate``) or streamed in one-hour chunks
+    (``stream``: ``fast_stream.simulate_stream`` over ``builtin_chunks``); CPU seconds and peak RSS."""
     from scaler.profiles import get_profile
     from simulator.engine import simulate
-    from simulator.synthetic import builtin
+    from simulator.fast_stream import simulate_stream
+    from simulator.synthetic import builtin, builtin_chunks
 
     def rss_mib() -> float:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
     prof = get_profile(args.profile)
-    simulate(builtin("poisson", seed=0, rate=1.0, duration=5.0), prof, replicas=args.replicas, engine="compiled")
+    warm = builtin("poisson", seed=0, rate=1.0, duration=5.0)
+    simulate(warm, prof, replicas=args.replicas, engine="compiled")
+    simulate_stream([warm], prof, args.replicas)
     base = rss_mib()
+    duration = args.requests / args.rate
     cpu = time.process_time()
-    w = builtin("poisson", seed=0, rate=args.rate, duration=args.requests / args.rate)
-    load_cpu, loaded = time.process_time() - cpu, rss_mib()
-    cpu = time.process_time()
-    res = simulate(w, prof, replicas=args.replicas, engine="compiled")
-    sim_cpu = time.process_time() - cpu
-    summary = res.summary()
+    if args.week_one == "memory":
+        w = builtin("poisson", seed=0, rate=args.rate, duration=duration)
+        res = simulate(w, prof, replicas=args.replicas, engine="compiled")
+        summary = res.summary()
+    else:
+        run = simulate_stream(builtin_chunks("poisson", seed=0, span_s=3600.0, rate=args.rate, duration=duration),
+                              prof, args.replicas)
+        summary = run.summary()
+    total_cpu = time.process_time() - cpu
     peak = rss_mib()
-    out = {"requests": len(w), "simulated_days": summary["duration_s"] / 86400, "workload_cpu_s": load_cpu,
-           "simulate_cpu_s": sim_cpu, "requests_per_cpu_s": len(w) / sim_cpu, "rss_before_mib": base,
-           "rss_workload_mib": loaded, "rss_peak_mib": peak, "bytes_per_request": (peak - base) * 2**20 / len(w),
-           "completed": summary["completed"], "ttft_p99": summary["ttft_p99"]}
+    return {"mode": args.week_one, "requests": summary["requests"], "simulated_days": summary["duration_s"] / 86400,
+            "cpu_s": total_cpu, "requests_per_cpu_s": summary["requests"] / total_cpu, "rss_before_mib": base,
+            "rss_peak_mib": peak, "bytes_per_request": (peak - base) * 2**20 / summary["requests"],
+            "completed": summary["completed"], "ttft_p99": summary["ttft_p99"], "ttft_mean": summary["ttft_mean"]}
+
+
+def week(args: argparse.Namespace) -> int:
+    """The long run held in memory and streamed, each in its own process (peak RSS is per process), side by
+    side: CPU seconds (workload generation included), peak RSS and their ratios."""
+    rows = {}
+    for mode in ("memory", "stream"):
+        cmd = [sys.executable, __file__, "--week-one", mode, "--requests", str(args.requests), "--rate", str(args.rate),
+               "--replicas", str(args.replicas), "--profile", args.profile]
+        rows[mode] = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+    m, st = rows["memory"], rows["stream"]
+    out = {**rows, "stream_over_memory": {"cpu": st["cpu_s"] / m["cpu_s"], "rss_added": (
+        (st["rss_peak_mib"] - st["rss_before_mib"]) / max(m["rss_peak_mib"] - m["rss_before_mib"], 1e-9))}}
     print(json.dumps(out, indent=1))
     return 0
 
@@ -140,8 +161,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="how CPU time grows: x4 requests at a fixed load, then x2 replicas at a fixed load per "
                              "replica (both engines; no peer)")
     parser.add_argument("--week", action="store_true",
-                        help="one long run (give --requests 20000000 --rate 33 for a week): CPU s and peak RSS")
+                        help="one long run (give --requests 20000000 --rate 33 for a week), held in memory and "
+                             "streamed: CPU s and peak RSS of each")
+    parser.add_argument("--week-one", choices=("memory", "stream"), default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.week_one:
+        print(json.dumps(week_one(args)))
+        return 0
     if args.week:
         return week(args)
     if args.growth:

@@ -30,7 +30,7 @@ from simulator.fast_replica import BUSY, VERSION, WTOK, Fleet, Itl, Log, njit
 from simulator.results import REJECTED, LatencyHistogram, RequestLog, SimulationResult
 
 _STEP, _TIMER, _ARRIVAL = 0, 1, 2
-NXT, SEQ, TURN, OVERLOAD, NKV = range(5)  # fields of the loop's integer state
+NXT, SEQ, TURN, OVERLOAD, NKV, NREQ, FINAL = range(7)  # fields of the loop's integer state
 NOW, LAST = range(2)
 DONE, MORE, GROW = 0, 1, 2  # why run_loop returned
 FAST_ROUTERS = ("auto", "prefix", "least-tokens", "round-robin")
@@ -104,17 +104,19 @@ def _pop(hp: Heap) -> None:
 def run_loop(q: Fleet, L: Log, h: Itl, hp: Heap, G: np.ndarray, Gf: np.ndarray, kv: np.ndarray,
              stop: float, kv_period: float, limit: float, round_robin: bool, nxt_stop: int) -> int:
     """``Engine.run``'s loop until every request is resolved (DONE), ``nxt_stop`` arrivals (MORE) or a full
-    buffer (GROW: the caller enlarges the heap or the KV samples and calls again)."""
-    n_req = L.arrival.size
+    buffer (GROW: the caller enlarges the heap or the KV samples and calls again). ``G[NREQ]`` requests are
+    loaded; unless ``G[FINAL]``, more follow (a streamed run), so reaching ``G[NREQ]`` is MORE, not the end."""
+    n_req = G[NREQ]
+    final = G[FINAL] != 0
     R = q.iv.shape[0]
     blocks = q.cfg[1]
     while True:
         if hp.size[0] + 2 >= hp.t.size or G[NKV] >= kv.shape[0]:
             return GROW
         nxt = G[NXT]
-        if nxt >= nxt_stop and nxt < n_req:
+        if nxt >= nxt_stop and (nxt < n_req or not final):
             return MORE
-        t_arr = L.arrival[nxt] if nxt < n_req else math.inf
+        t_arr = L.arrival[nxt - L.off[0]] if nxt < n_req else math.inf
         if hp.size[0] and (hp.t[0] < t_arr or (hp.t[0] == t_arr and hp.m[0, 0] < _ARRIVAL)):
             t, prio, a, b = hp.t[0], hp.m[0, 0], hp.m[0, 2], hp.m[0, 3]
             _pop(hp)
@@ -154,14 +156,14 @@ def run_loop(q: Fleet, L: Log, h: Itl, hp: Heap, G: np.ndarray, Gf: np.ndarray, 
                 return DONE
             Gf[NOW] = Gf[LAST] = t_arr
             G[NXT] = nxt + 1
-            if L.status[nxt] == REJECTED:  # longer than max_model_len: rejected at arrival
+            if L.status[nxt - L.off[0]] == REJECTED:  # longer than max_model_len: rejected at arrival
                 continue
             if limit > 0.0:
                 waiting = 0
                 for r in range(R):
                     waiting += q.iv[r, WTOK]
-                if waiting + L.inp[nxt] > limit * max(1, R):
-                    L.status[nxt] = REJECTED  # 429: the queue is at its limit
+                if waiting + L.inp[nxt - L.off[0]] > limit * max(1, R):
+                    L.status[nxt - L.off[0]] = REJECTED  # 429: the queue is at its limit
                     G[OVERLOAD] += 1
                     continue
             if round_robin:
@@ -196,13 +198,14 @@ def simulate_fixed(workload: Any, profile: Any, replicas: int, router: str = "au
     n_req = len(log)
     L = Log(log.arrival_s, log.input_tokens, log.input_tokens + log.output_tokens, log.first_token_s, log.finish_s,
             log.first_scheduled_s, log.generated, log.preemptions, log.replica, log.status,
-            np.full(n_req, -1, np.int64))
+            np.full(n_req, -1, np.int64), np.zeros(1, np.int64))
     q = fr.new_fleet(replicas, profile)
     itl = LatencyHistogram()
     bounds = np.concatenate(([-np.inf], itl.edges, [np.inf]))
     h = Itl(itl.edges, bounds, itl.counts, np.zeros((1 << 16, 4), np.float64), np.zeros(1, np.int64))
     hp = Heap(np.zeros(1024, np.float64), np.zeros((1024, 4), np.int64), np.zeros(1, np.int64))
-    G = np.zeros(5, np.int64)
+    G = np.zeros(7, np.int64)
+    G[NREQ], G[FINAL] = n_req, 1
     Gf = np.zeros(2, np.float64)
     kv = np.zeros((1024, 1 + replicas), np.float64)
     last_arrival = float(workload.arrival_s[-1]) if n_req else 0.0

@@ -59,6 +59,7 @@ class Log(NamedTuple):
     repl: np.ndarray
     status: np.ndarray
     nextw: np.ndarray  # the next request in the same waiting queue
+    off: np.ndarray  # (1,): the request id of row 0 (a streamed run keeps a window of requests, not all)
 
 
 class Fleet(NamedTuple):
@@ -279,19 +280,19 @@ def head_tokens(q: Fleet, L: Log, r: int, budget: int, now: float) -> int:
     if q.iv[r, WLEN] == 0 or budget <= 0 or q.iv[r, N] >= q.cfg[3]:
         return -1
     rid = q.iv[r, WHEAD]
-    if L.arrival[rid] > now:
+    if L.arrival[rid - L.off[0]] > now:
         return -1
-    ntok = L.inp[rid] + L.gen[rid]
+    ntok = L.inp[rid - L.off[0]] + L.gen[rid - L.off[0]]
     return ntok if ntok < budget else budget
 
 
 @njit(cache=True, inline="always")
 def wait_append(q: Fleet, L: Log, r: int, rid: int) -> None:
-    L.nextw[rid] = -1
+    L.nextw[rid - L.off[0]] = -1
     if q.iv[r, WLEN] == 0:
         q.iv[r, WHEAD] = rid
     else:
-        L.nextw[q.iv[r, WTAIL]] = rid
+        L.nextw[q.iv[r, WTAIL] - L.off[0]] = rid
     q.iv[r, WTAIL] = rid
     q.iv[r, WLEN] += 1
 
@@ -299,10 +300,10 @@ def wait_append(q: Fleet, L: Log, r: int, rid: int) -> None:
 @njit(cache=True, inline="always")
 def wait_appendleft(q: Fleet, L: Log, r: int, rid: int) -> None:
     if q.iv[r, WLEN] == 0:
-        L.nextw[rid] = -1
+        L.nextw[rid - L.off[0]] = -1
         q.iv[r, WTAIL] = rid
     else:
-        L.nextw[rid] = q.iv[r, WHEAD]
+        L.nextw[rid - L.off[0]] = q.iv[r, WHEAD]
     q.iv[r, WHEAD] = rid
     q.iv[r, WLEN] += 1
 
@@ -310,7 +311,7 @@ def wait_appendleft(q: Fleet, L: Log, r: int, rid: int) -> None:
 @njit(cache=True, inline="always")
 def wait_popleft(q: Fleet, L: Log, r: int) -> int:
     rid = q.iv[r, WHEAD]
-    q.iv[r, WHEAD] = L.nextw[rid]
+    q.iv[r, WHEAD] = L.nextw[rid - L.off[0]]
     q.iv[r, WLEN] -= 1
     if q.iv[r, WLEN] == 0:
         q.iv[r, WHEAD] = q.iv[r, WTAIL] = -1
@@ -435,15 +436,15 @@ def preempt(q: Fleet, L: Log, r: int, j: int) -> int:
     sh = iv[r, SHIFT]
     rid = S[ID, j]
     comp = S[COMP, j] + sh
-    L.gen[rid] = S[NTOK, j] + sh - L.inp[rid]
+    L.gen[rid - L.off[0]] = S[NTOK, j] + sh - L.inp[rid - L.off[0]]
     n = iv[r, N]
     value, a = S[LEFT, j], q.lefts[r]
     k = 0
     while a[k] != value:
         k += 1
     a[k: n - 1] = a[k + 1: n]
-    L.preempt[rid] += 1
-    if L.first_tok[rid] != L.first_tok[rid]:
+    L.preempt[rid - L.off[0]] += 1
+    if L.first_tok[rid - L.off[0]] != L.first_tok[rid - L.off[0]]:
         iv[r, FRESH] -= 1
     wait_appendleft(q, L, r, rid)
     iv[r, WTOK] += S[NTOK, j] + sh
@@ -472,9 +473,9 @@ def admit(q: Fleet, L: Log, r: int, budget: int, have_free: bool, free: int) -> 
             free -= want
         bound += want
         rid = wait_popleft(q, L, r)
-        ntok = L.inp[rid] + L.gen[rid]
+        ntok = L.inp[rid - L.off[0]] + L.gen[rid - L.off[0]]
         iv[r, WTOK] -= ntok
-        left = ntok - L.tok[rid] - sh
+        left = ntok - L.tok[rid - L.off[0]] - sh
         n = iv[r, N]
         S[ID, n], S[NTOK, n], S[COMP, n], S[LEFT, n], S[NEW, n] = rid, ntok - sh, -sh, left, nt
         insort(q, r, n, left)
@@ -482,9 +483,9 @@ def admit(q: Fleet, L: Log, r: int, budget: int, have_free: bool, free: int) -> 
         iv[r, NEW_SUM] += nt
         fv[r, ADM_ATTN] += nt * (0 + nt / 2.0)
         budget -= nt
-        if L.first_sched[rid] != L.first_sched[rid]:
-            L.first_sched[rid] = now
-        if L.first_tok[rid] != L.first_tok[rid]:
+        if L.first_sched[rid - L.off[0]] != L.first_sched[rid - L.off[0]]:
+            L.first_sched[rid - L.off[0]] = now
+        if L.first_tok[rid - L.off[0]] != L.first_tok[rid - L.off[0]]:
             iv[r, FRESH] += 1
 
 
@@ -522,7 +523,7 @@ def complete_step(q: Fleet, L: Log, h: Itl, r: int) -> None:
                 S[LEFT, j] += 1
                 count += 1
                 rid = S[ID, j]
-                if L.first_tok[rid] != L.first_tok[rid]:
+                if L.first_tok[rid - L.off[0]] != L.first_tok[rid - L.off[0]]:
                     first_token(q, L, r, rid, end)
                 elif was_decode:
                     decodes += 1
@@ -547,9 +548,9 @@ def complete_step(q: Fleet, L: Log, h: Itl, r: int) -> None:
 @njit(cache=True, inline="always")
 def first_token(q: Fleet, L: Log, r: int, rid: int, end: float) -> None:
     """``SchedulerState._first_tokens`` for one request (not a re-sample after a recompute)."""
-    if L.first_tok[rid] == L.first_tok[rid]:
+    if L.first_tok[rid - L.off[0]] == L.first_tok[rid - L.off[0]]:
         return
-    L.first_tok[rid] = end
+    L.first_tok[rid - L.off[0]] = end
     q.iv[r, FRESH] -= 1
 
 
@@ -569,11 +570,11 @@ def finish_done(q: Fleet, L: Log, r: int, end: float) -> None:
         if S[LEFT, j] + sh == 0:  # exactly k columns (true LEFT <= 0)
             rid = S[ID, j]
             iv[r, COMP_SUM] -= S[COMP, j] + sh
-            L.finish[rid] = end
-            L.status[rid] = FINISHED
-            L.gen[rid] = L.tok[rid] - L.inp[rid]
-            prompt += L.inp[rid]
-            output += L.tok[rid] - L.inp[rid]
+            L.finish[rid - L.off[0]] = end
+            L.status[rid - L.off[0]] = FINISHED
+            L.gen[rid - L.off[0]] = L.tok[rid - L.off[0]] - L.inp[rid - L.off[0]]
+            prompt += L.inp[rid - L.off[0]]
+            output += L.tok[rid - L.off[0]] - L.inp[rid - L.off[0]]
             continue
         if m != j:
             S[:, m] = S[:, j]
@@ -590,9 +591,9 @@ def enqueue(q: Fleet, L: Log, h: Itl, r: int, rid: int, now: float) -> float:
     """``Replica.enqueue``: the replica's next event time if it changed, else NONE."""
     iv, fv = q.iv, q.fv
     wait_append(q, L, r, rid)
-    iv[r, WTOK] += L.inp[rid] + L.gen[rid]
-    L.repl[rid] = r
-    iv[r, OUTST] += L.tok[rid]
+    iv[r, WTOK] += L.inp[rid - L.off[0]] + L.gen[rid - L.off[0]]
+    L.repl[rid - L.off[0]] = r
+    iv[r, OUTST] += L.tok[rid - L.off[0]]
     if not iv[r, BUSY]:
         fv[r, CLOCK] = max(fv[r, CLOCK], now)
         return plan(q, L, h, r)

@@ -173,42 +173,100 @@ def _finite(x: float | None) -> float | None:
     return None if x is None or not math.isfinite(x) else float(x)
 
 
+LATENCIES = ("ttft", "tpot", "e2e", "queue")
+
+
+class Tally:
+    """What a summary counts, fed by slices of requests: once with the whole log (``summarize``: exact
+    percentiles), or slice by slice as a streamed run retires its requests (``streamed=True``: the
+    percentiles come from ``LatencyHistogram`` bins, about 1 % wide, and memory stays bounded)."""
+
+    def __init__(self, slo_ttft_s: float, slo_tpot_s: float, streamed: bool = False) -> None:
+        self.slo_ttft_s, self.slo_tpot_s, self.streamed = float(slo_ttft_s), float(slo_tpot_s), streamed
+        self.requests = self.completed = self.rejected = self.aborted = self.unfinished = self.good = 0
+        self.good_tokens = self.done_tokens = self.done_output = 0
+        self._values: dict[str, list[np.ndarray]] = {name: [] for name in LATENCIES}
+        self._hists = {name: LatencyHistogram() for name in LATENCIES}
+        self._sums = dict.fromkeys(LATENCIES, 0.0)
+        self._counts = dict.fromkeys(LATENCIES, 0)
+
+    def add(self, arrival_s: np.ndarray, input_tokens: np.ndarray, output_tokens: np.ndarray,
+            first_scheduled_s: np.ndarray, first_token_s: np.ndarray, finish_s: np.ndarray,
+            status: np.ndarray) -> None:
+        """Count these requests (columns of ``RequestLog``, all the same length)."""
+        done = status == FINISHED
+        multi = done & (output_tokens > 1)
+        tpot_all = np.zeros(status.size)
+        tpot_all[multi] = (finish_s[multi] - first_token_s[multi]) / (output_tokens[multi] - 1)
+        good = done & (first_token_s - arrival_s <= self.slo_ttft_s) & (tpot_all <= self.slo_tpot_s)
+        values = {"ttft": (first_token_s - arrival_s)[done], "tpot": tpot_all[multi],
+                  "e2e": (finish_s - arrival_s)[done], "queue": (first_scheduled_s - arrival_s)[done]}
+        for name, v in values.items():
+            if self.streamed:
+                self._hists[name].add_values(v)
+                self._sums[name] += float(v.sum())
+                self._counts[name] += int(v.size)
+            else:
+                self._values[name].append(v)
+        self.requests += int(status.size)
+        self.completed += int(done.sum())
+        self.rejected += int((status == REJECTED).sum())
+        self.aborted += int((status == ABORTED).sum())
+        self.unfinished += int((status == PENDING).sum())
+        self.good += int(good.sum())
+        self.good_tokens += int((input_tokens[good] + output_tokens[good]).sum())
+        self.done_tokens += int((input_tokens[done] + output_tokens[done]).sum())
+        self.done_output += int(output_tokens[done].sum())
+
+    def latency(self, name: str) -> tuple[dict[int, float | None], float | None]:
+        """Percentiles and mean of one latency (None where no request has it)."""
+        if self.streamed:
+            h, n = self._hists[name], self._counts[name]
+            return {q: h.percentile(q) for q in PERCENTILES}, (self._sums[name] / n if n else None)
+        parts = self._values[name]
+        values = parts[0] if len(parts) == 1 else np.concatenate(parts) if parts else np.zeros(0)
+        return _pct(values), (float(values.mean()) if values.size else None)
+
+
 def summarize(log: RequestLog, itl: LatencyHistogram, *, slo_ttft_s: float, slo_tpot_s: float,
               duration_s: float, gpu_seconds: float, wall_seconds: float, preemptions: int,
               kv_usage: np.ndarray | None = None, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """The summary dict (keys of issues 3 and 4); every float finite or None."""
-    done = log.status == FINISHED
-    ttft = (log.first_token_s - log.arrival_s)[done]
-    e2e = (log.finish_s - log.arrival_s)[done]
-    queue = (log.first_scheduled_s - log.arrival_s)[done]
-    multi = done & (log.output_tokens > 1)
-    tpot_all = np.zeros(len(log))
-    tpot_all[multi] = (log.finish_s[multi] - log.first_token_s[multi]) / (log.output_tokens[multi] - 1)
-    tpot = tpot_all[multi]
-    good = done & (log.first_token_s - log.arrival_s <= slo_ttft_s) & (tpot_all <= slo_tpot_s)
+    tally = Tally(slo_ttft_s, slo_tpot_s)
+    tally.add(log.arrival_s, log.input_tokens, log.output_tokens, log.first_scheduled_s, log.first_token_s,
+              log.finish_s, log.status)
+    return summary_of(tally, itl, duration_s=duration_s, gpu_seconds=gpu_seconds, wall_seconds=wall_seconds,
+                      preemptions=preemptions, kv_usage=kv_usage, extra=extra)
+
+
+def summary_of(tally: Tally, itl: LatencyHistogram, *, duration_s: float, gpu_seconds: float,
+               wall_seconds: float, preemptions: int, kv_usage: np.ndarray | None = None,
+               extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The summary dict of what ``tally`` counted; every float finite or None."""
+    n = tally.requests
     out: dict[str, Any] = {
-        "requests": len(log), "completed": int(done.sum()),
-        "rejected": int((log.status == REJECTED).sum()), "aborted": int((log.status == ABORTED).sum()),
-        "unfinished": int((log.status == PENDING).sum()), "preemptions": int(preemptions),
+        "requests": n, "completed": tally.completed, "rejected": tally.rejected, "aborted": tally.aborted,
+        "unfinished": tally.unfinished, "preemptions": int(preemptions),
     }
-    for name, values in (("ttft", ttft), ("tpot", tpot), ("e2e", e2e), ("queue", queue)):
-        for q, v in _pct(values).items():
+    for name in LATENCIES:
+        pcts, mean = tally.latency(name)
+        for q, v in pcts.items():
             out[f"{name}_p{q}"] = _finite(v)
-        out[f"{name}_mean"] = _finite(float(values.mean())) if values.size else None
+        out[f"{name}_mean"] = _finite(mean)
     for q in PERCENTILES:
         out[f"itl_p{q}"] = itl.percentile(q)
     dur = max(duration_s, 1e-9)
-    out["slo_ttft_s"], out["slo_tpot_s"] = float(slo_ttft_s), float(slo_tpot_s)
-    out["slo_attainment"] = float(good.sum() / len(log)) if len(log) else None
-    accepted = int(len(log) - out["rejected"])
-    out["rejected_share"] = float(out["rejected"] / len(log)) if len(log) else None
-    out["slo_attainment_accepted"] = float(good.sum() / accepted) if accepted else None
-    out["slo_missed"] = int(accepted - good.sum())
-    out["goodput"] = float(good.sum() / dur)
-    out["goodput_tokens_per_s"] = float((log.input_tokens[good] + log.output_tokens[good]).sum() / dur)
-    out["throughput_tokens_per_s"] = float((log.input_tokens[done] + log.output_tokens[done]).sum() / dur)
-    out["output_tokens_per_s"] = float(log.output_tokens[done].sum() / dur)
-    out["throughput_requests_per_s"] = float(done.sum() / dur)
+    out["slo_ttft_s"], out["slo_tpot_s"] = tally.slo_ttft_s, tally.slo_tpot_s
+    out["slo_attainment"] = float(tally.good / n) if n else None
+    accepted = int(n - tally.rejected)
+    out["rejected_share"] = float(tally.rejected / n) if n else None
+    out["slo_attainment_accepted"] = float(tally.good / accepted) if accepted else None
+    out["slo_missed"] = int(accepted - tally.good)
+    out["goodput"] = float(tally.good / dur)
+    out["goodput_tokens_per_s"] = float(tally.good_tokens / dur)
+    out["throughput_tokens_per_s"] = float(tally.done_tokens / dur)
+    out["output_tokens_per_s"] = float(tally.done_output / dur)
+    out["throughput_requests_per_s"] = float(tally.completed / dur)
     out["duration_s"] = float(duration_s)
     out["gpu_hours"] = float(gpu_seconds / 3600.0)
     if kv_usage is not None and kv_usage.size:

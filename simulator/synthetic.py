@@ -16,7 +16,7 @@ comma-separated; unknown keys and bad values are reported together, naming key, 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
@@ -244,6 +244,34 @@ def builtin(name: str, seed: int = 0, **params: object) -> Workload:
     if arrival.size == 0:
         raise SpecError(spec, ["no requests arrive: expected a higher rate or a longer duration"])
     return Workload(arrival, inp, out, name=spec, meta={"format": "builtin", "seed": str(seed)})
+
+
+def _shifted(rate_fn: RateFn, t0: float) -> RateFn:
+    """The rate curve seen from ``t0``."""
+    def rate(t: np.ndarray) -> np.ndarray:
+        return rate_fn(t + t0)
+    return rate
+
+
+def builtin_chunks(name: str, seed: int = 0, span_s: float = 3600.0, **params: object) -> Iterator[Workload]:
+    """Builtin workload ``name`` span by span (``fast_stream`` simulates a week without holding it): each
+    ``span_s`` of the rate curve is drawn with its own seeded streams, so memory is one span's requests.
+    A different draw than ``builtin`` (one stream for the whole duration) of the same process."""
+    if name not in BUILTINS:
+        raise SpecError(PREFIX + name, [f"name {name!r} is unknown; allowed: {', '.join(BUILTINS)}"])
+    b = BUILTINS[name]
+    values, problems = _resolve(b, params)
+    if problems or not (math.isfinite(span_s) and span_s > 0):
+        raise SpecError(PREFIX + name, problems or [f"span_s={span_s!r}: expected a finite number > 0"])
+    rate_fn, duration = b.shape(values)
+    cv = float(values.get("cv", 1.0))  # type: ignore[arg-type]
+    for k, start in enumerate(np.arange(0.0, duration, span_s)):
+        length = min(span_s, duration - float(start))
+        rng_arrivals, rng_lengths = np.random.default_rng([seed, k]).spawn(2)
+        arrival = arrivals(_shifted(rate_fn, float(start)), length, cv, rng_arrivals) + float(start)
+        inp, out = _lengths(values, arrival.size, rng_lengths)
+        yield Workload(arrival, inp, out, name=f"{PREFIX}{name} span {k}",
+                       meta={"format": "builtin", "seed": f"{seed},{k}"})
 
 
 def from_spec(spec: str, seed: int = 0) -> Workload:
