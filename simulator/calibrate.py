@@ -34,7 +34,7 @@ from scaler.kv_memory import GIB, MemoryLedger
 from scaler.profiles import PerformanceProfile
 from scaler.step_time import LinearStepTime
 from simulator.replay_metrics import histogram_delta, histogram_quantile, load_timeline, metric_sum, server_means
-from simulator.replay_records import read_records
+from simulator.replay_records import RequestRecord, read_records
 from simulator.workload import Workload
 
 FIT_PARAMS = ("overhead_s", "per_token_s", "per_seq_s", "per_context_token_s")
@@ -62,6 +62,14 @@ class Measured:
     max_model_len: int
 
 
+def _engine_arrival(rec: RequestRecord) -> float:
+    """When the engine got the request: its response headers' time (``accepted_s``), else (a replay
+    written before that was recorded) when it was sent. Not the trace's time and not the send time: a
+    client or frontend that falls behind hands the engine another arrival process, and the engine's
+    queueing, which calibration fits, follows the arrivals it saw."""
+    return rec.accepted_s if math.isfinite(rec.accepted_s) else rec.sent_s
+
+
 def load_replay(path: str | Path) -> Measured:
     """Read ``summary.json``, ``requests.csv``, ``metrics.jsonl`` and ``replay.json`` of a replay dir."""
     path = Path(path)
@@ -73,9 +81,10 @@ def load_replay(path: str | Path) -> Measured:
     ok = [r for r in read_records(path / "requests.csv") if r.status == "ok" and r.output_tokens > 0]
     if len(ok) < 5:
         raise ValueError(f"replay {path}: only {len(ok)} completed requests; calibration needs at least 5")
-    ok.sort(key=lambda r: r.sent_s)
-    t0 = ok[0].sent_s
-    workload = Workload(np.array([r.sent_s - t0 for r in ok]), np.array([max(1, r.prompt_tokens) for r in ok]),
+    arrival = np.array([_engine_arrival(r) for r in ok])
+    order = np.argsort(arrival, kind="stable")
+    ok = [ok[i] for i in order]
+    workload = Workload(arrival[order] - arrival[order][0], np.array([max(1, r.prompt_tokens) for r in ok]),
                         np.array([r.output_tokens for r in ok]), name=f"replay:{path.name}")
     timeline = load_timeline(path / "metrics.jsonl")
     running = [metric_sum(x["samples"], "vllm:num_requests_running") or 0.0 for x in timeline if x.get("ok")]

@@ -141,6 +141,7 @@ class Replayer:
         try:
             rec.sent_s = self.now()
             async with client.stream("POST", rec.endpoint + path, json=body) as resp:
+                rec.accepted_s = self.now()
                 rec.http_status = resp.status_code
                 if resp.status_code != 200:
                     text = (await resp.aread()).decode(errors="replace")

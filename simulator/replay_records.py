@@ -31,6 +31,8 @@ class RequestRecord:
     endpoint: str = ""
     scheduled_s: float = math.nan
     sent_s: float = math.nan
+    accepted_s: float = math.nan
+    """When the response headers arrived: the request reached the engine (see the module docstring)."""
     first_token_s: float = math.nan
     finish_s: float = math.nan
     status: str = "not_sent"
@@ -105,6 +107,16 @@ def _pct(values: np.ndarray, q: float) -> float | None:
     return float(np.percentile(values, q)) if values.size else None
 
 
+def _schedule_lag(records: list[RequestRecord]) -> dict[str, float | None]:
+    """How far the replay fell behind its trace: sending (``sent_s - scheduled_s``, the client's own lag)
+    and reaching the engine (``accepted_s - scheduled_s``: client and server frontend together). A large
+    one means the engine saw another arrival process than the trace's."""
+    sent = np.array([r.sent_s - r.scheduled_s for r in records], dtype=float)
+    accepted = np.array([r.accepted_s - r.scheduled_s for r in records], dtype=float)
+    return {"send_lag_p50_s": _pct(sent, 50), "send_lag_p90_s": _pct(sent, 90),
+            "accept_lag_p50_s": _pct(accepted, 50), "accept_lag_p90_s": _pct(accepted, 90)}
+
+
 def summarize(records: list[RequestRecord], wall_seconds: float, replicas: int, itl: np.ndarray | None = None,
               slo_ttft_s: float = 2.0, slo_tpot_s: float = 0.2) -> dict[str, Any]:
     """Summary with the simulator's keys plus replay-only counts (failures by kind, clipped)."""
@@ -157,6 +169,7 @@ def summarize(records: list[RequestRecord], wall_seconds: float, replicas: int, 
         "clipped": sum(1 for r in records if r.clipped),
         "prompt_token_mismatch": sum(1 for r in ok if r.prompt_tokens >= 0 and r.prompt_tokens != r.sent_input_tokens),
         "replicas": replicas,
+        **_schedule_lag(records),
         "gpu_hours": replicas * wall / 3600.0,
         "wall_seconds": wall_seconds,
     })

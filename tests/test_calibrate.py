@@ -89,6 +89,29 @@ def test_load_replay_reads_limits_and_engine_means(replays: tuple[Path, Path]) -
     assert calibrate.memory_from_cache(m.cache, 4096).num_gpu_blocks == int(m.cache["num_gpu_blocks"])
 
 
+def test_the_engine_sees_requests_when_they_reached_it_not_when_they_were_sent(replays: tuple[Path, Path],
+                                                                            tmp_path: Path) -> None:
+    """A client or frontend that fell behind hands the engine later arrivals: calibration simulates those."""
+    import shutil
+
+    from simulator.replay_records import read_records, write_records
+
+    late = tmp_path / "late"
+    shutil.copytree(replays[0], late)
+    records = read_records(late / "requests.csv")
+    for i, rec in enumerate(records):
+        rec.accepted_s = rec.sent_s + (5.0 if i % 2 else 0.0)  # every other request held up 5 s
+    write_records(late / "requests.csv", records)
+    arrival = calibrate.load_replay(late).workload.arrival_s
+    want = np.sort(np.array([r.accepted_s for r in records if r.status == "ok" and r.output_tokens > 0]))
+    assert np.allclose(arrival, want - want[0])
+    for rec in records:  # a replay written before accepted_s existed: the send time stands in
+        rec.accepted_s = float("nan")
+    write_records(late / "requests.csv", records)
+    sent = np.sort(np.array([r.sent_s for r in records if r.status == "ok" and r.output_tokens > 0]))
+    assert np.allclose(calibrate.load_replay(late).workload.arrival_s, sent - sent[0])
+
+
 @pytest.mark.slow
 def test_fit_reproduces_the_known_replica_and_checks_another_slice(replays: tuple[Path, Path],
                                                                     tmp_path: Path) -> None:

@@ -125,13 +125,14 @@ def test_happy_path_records_timing_and_server_counts(fake_url: str, tmp_path: Pa
     records = read_records(tmp_path / "requests.csv")
     for rec in records:
         assert rec.status == "ok"
-        assert rec.sent_s <= rec.first_token_s <= rec.finish_s
+        assert rec.sent_s <= rec.accepted_s <= rec.first_token_s <= rec.finish_s
         assert rec.sent_s >= rec.scheduled_s - 0.01  # never early
         assert rec.output_tokens == rec.trace_output_tokens == rec.chunks
         assert rec.prompt_tokens == rec.trace_input_tokens == rec.sent_input_tokens
     assert [r.scheduled_s for r in records] == pytest.approx([0.0, 0.1, 0.3])
     assert np.load(tmp_path / "itl.npy").size == sum(n - 1 for n in (5, 20, 8))
     assert summary["output_tokens"] == 33 and summary["ttft_p50"] > 0
+    assert 0 <= summary["send_lag_p90_s"] <= summary["accept_lag_p90_s"] < 1.0  # the fake server keeps up
     assert all(v is None or math.isfinite(v) for v in summary.values() if isinstance(v, float))
     saved = json.loads((tmp_path / "summary.json").read_text())
     assert saved["completed"] == 3 and saved["interrupted"] is False
