@@ -183,6 +183,28 @@ def run_loop(q: Fleet, L: Log, h: Itl, hp: Heap, G: np.ndarray, Gf: np.ndarray, 
             return DONE
 
 
+def loop_buffers(replicas: int) -> tuple[LatencyHistogram, Itl, Heap, np.ndarray, np.ndarray, np.ndarray]:
+    """A fresh loop's state: ITL histogram (and its compiled view), event heap with the KV sampler's first
+    tick at time 0 (``Engine.every(kv_sample_s, _sample_kv)``), integer and float state, KV samples."""
+    itl = LatencyHistogram()
+    bounds = np.concatenate(([-np.inf], itl.edges, [np.inf]))
+    h = Itl(itl.edges, bounds, itl.counts, np.zeros((1 << 16, 4), np.float64), np.zeros(1, np.int64))
+    hp = Heap(np.zeros(1024, np.float64), np.zeros((1024, 4), np.int64), np.zeros(1, np.int64))
+    G = np.zeros(7, np.int64)
+    G[SEQ] = 1
+    _push(hp, 0.0, _TIMER, 1, 0, 0)
+    return itl, h, hp, G, np.zeros(2, np.float64), np.zeros((1024, 1 + replicas), np.float64)
+
+
+def grown(hp: Heap, kv: np.ndarray, G: np.ndarray) -> tuple[Heap, np.ndarray]:
+    """The heap and KV-sample buffers after ``run_loop`` returned GROW: whichever was full, doubled."""
+    if hp.size[0] + 2 >= hp.t.size:
+        hp = Heap(np.resize(hp.t, 2 * hp.t.size), np.resize(hp.m, (2 * hp.t.size, 4)), hp.size)
+    if G[NKV] >= kv.shape[0]:
+        kv = np.concatenate((kv, np.zeros_like(kv)))
+    return hp, kv
+
+
 def simulate_fixed(workload: Any, profile: Any, replicas: int, router: str = "auto",
                    progress: Callable[[int], None] | None = None, waiting_tokens_limit: float | None = None,
                    kv_sample_s: float = 10.0, horizon_s: float = 86_400.0, chunk: int = 1 << 16) -> SimulationResult:
@@ -200,27 +222,16 @@ def simulate_fixed(workload: Any, profile: Any, replicas: int, router: str = "au
             log.first_scheduled_s, log.generated, log.preemptions, log.replica, log.status,
             np.full(n_req, -1, np.int64), np.zeros(1, np.int64))
     q = fr.new_fleet(replicas, profile)
-    itl = LatencyHistogram()
-    bounds = np.concatenate(([-np.inf], itl.edges, [np.inf]))
-    h = Itl(itl.edges, bounds, itl.counts, np.zeros((1 << 16, 4), np.float64), np.zeros(1, np.int64))
-    hp = Heap(np.zeros(1024, np.float64), np.zeros((1024, 4), np.int64), np.zeros(1, np.int64))
-    G = np.zeros(7, np.int64)
+    itl, h, hp, G, Gf, kv = loop_buffers(replicas)
     G[NREQ], G[FINAL] = n_req, 1
-    Gf = np.zeros(2, np.float64)
-    kv = np.zeros((1024, 1 + replicas), np.float64)
     last_arrival = float(workload.arrival_s[-1]) if n_req else 0.0
     stop = last_arrival + horizon_s
-    G[SEQ] = 1
-    _push(hp, 0.0, _TIMER, 1, 0, 0)  # Engine.every(kv_sample_s, _sample_kv) at time 0
     limit = float(waiting_tokens_limit) if waiting_tokens_limit is not None else 0.0
     target = min(chunk, n_req)
     while True:
         why = run_loop(q, L, h, hp, G, Gf, kv, stop, float(kv_sample_s), limit, router == "round-robin", target)
         if why == GROW:
-            if hp.size[0] + 2 >= hp.t.size:
-                hp = Heap(np.resize(hp.t, 2 * hp.t.size), np.resize(hp.m, (2 * hp.t.size, 4)), hp.size)
-            if G[NKV] >= kv.shape[0]:
-                kv = np.concatenate((kv, np.zeros_like(kv)))
+            hp, kv = grown(hp, kv, G)
             continue
         if progress is not None:
             progress(int(G[NXT]))

@@ -23,7 +23,6 @@ import numpy as np
 
 from simulator import fast_replica as fr
 from simulator.fast_engine import (
-    _TIMER,
     DONE,
     FINAL,
     GROW,
@@ -32,13 +31,12 @@ from simulator.fast_engine import (
     NREQ,
     NXT,
     OVERLOAD,
-    SEQ,
-    Heap,
-    _push,
+    grown,
+    loop_buffers,
     run_loop,
     supports,
 )
-from simulator.fast_replica import Itl, Log
+from simulator.fast_replica import Log
 from simulator.results import PENDING, REJECTED, LatencyHistogram, Tally, summary_of
 from simulator.workload import Workload
 
@@ -143,15 +141,7 @@ def simulate_stream(chunks: Iterable[Workload], profile: Any, replicas: int, *, 
     win = _Window(window)
     output = np.zeros(window, np.int64)
     q = fr.new_fleet(replicas, profile)
-    itl = LatencyHistogram()
-    bounds = np.concatenate(([-np.inf], itl.edges, [np.inf]))
-    h = Itl(itl.edges, bounds, itl.counts, np.zeros((1 << 16, 4), np.float64), np.zeros(1, np.int64))
-    hp = Heap(np.zeros(1024, np.float64), np.zeros((1024, 4), np.int64), np.zeros(1, np.int64))
-    G = np.zeros(7, np.int64)
-    Gf = np.zeros(2, np.float64)
-    kv = np.zeros((1024, 1 + replicas), np.float64)
-    G[SEQ] = 1
-    _push(hp, 0.0, _TIMER, 1, 0, 0)
+    itl, h, hp, G, Gf, kv = loop_buffers(replicas)
     limit = float(waiting_tokens_limit) if waiting_tokens_limit is not None else 0.0
     stop, last_arrival, peak = np.inf, 0.0, 0
     while True:  # load the next chunk, or say the stream ended
@@ -180,10 +170,7 @@ def simulate_stream(chunks: Iterable[Workload], profile: Any, replicas: int, *, 
             why = run_loop(q, win.L, h, hp, G, Gf, kv, stop, float(kv_sample_s), limit, router == "round-robin",
                            int(G[NREQ]))
             if why == GROW:
-                if hp.size[0] + 2 >= hp.t.size:
-                    hp = Heap(np.resize(hp.t, 2 * hp.t.size), np.resize(hp.m, (2 * hp.t.size, 4)), hp.size)
-                if G[NKV] >= kv.shape[0]:
-                    kv = np.concatenate((kv, np.zeros_like(kv)))
+                hp, kv = grown(hp, kv, G)
                 continue
             break
         if progress is not None:
