@@ -14,9 +14,9 @@ and TTFT and queue time within a factor of 3, because near saturation queueing a
 fitted slice and 50 % on the other (the client's wall clock includes the frontend's delays). Client-side
 percentiles include the CPU build's HTTP frontend (we measured it adding ~1-11 s under load), which
 the simulator does not model: they are printed, not asserted. The engine-side bounds hold because
-calibration simulates the arrivals the engine saw (``accepted_s``), not the send times: with send times a
-frontend that fell 12 s behind made the checked slice's simulated TTFT 11 times the engine's. docs/real-vllm.md records measured
-errors.
+calibration simulates the arrivals the engine saw (``accepted_s``), not the send times: with send
+times a frontend that fell 12 s behind made the checked slice's simulated TTFT 11 times the engine's.
+docs/real-vllm.md records measured errors.
 """
 
 from __future__ import annotations
