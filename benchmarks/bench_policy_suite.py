@@ -17,10 +17,13 @@ per workload (mean over seeds, the spread in brackets):
   the mean.
 
 Run from the project root: ``python benchmarks/bench_policy_suite.py [--seeds 1,2,3] [--jobs 2]
-[--only a,b] [--leadscale-meta KEY=VALUE ...] [--out DIR] [--reuse]``. Every
+[--only a,b] [--leadscale-meta KEY=VALUE ...] [--out DIR] [--reuse] [--baseline DIR]``. Every
 compare's JSON is kept in ``--out`` (default a temporary directory); ``--reuse`` reads the ones already
-there instead of running them again (to re-print or to add policies). Numbers are from the simulator,
-deterministic for the seed.
+there instead of running them again (to re-print or to add policies). ``--baseline DIR`` (a full run's
+``--out``) runs leadscale alone and reads the recipes and the oracle from DIR: they do not depend on
+leadscale's settings, and the oracle's window simulations are most of the two hours, so a settings
+sweep takes minutes (the baseline must come from the same simulator code). Numbers are from the
+simulator, deterministic for the seed.
 """
 
 from __future__ import annotations
@@ -67,20 +70,30 @@ def slug(name: str, seed: int) -> str:
     return "".join(c if c.isalnum() else "_" for c in name) + f"_seed{seed}"
 
 
-def run_one(name: str, args: list[str], seed: int, out: Path, meta: list[str], reuse: bool) -> dict:
-    """One ``leadscale compare`` (or its kept JSON): {policy: summary} or {"error": ...}."""
+def run_one(name: str, args: list[str], seed: int, out: Path, meta: list[str], reuse: bool,
+            baseline: Path | None = None) -> dict:
+    """One ``leadscale compare`` (or its kept JSON): {policy: summary} or {"error": ...}. With
+    ``baseline``, only leadscale runs and every other policy comes from the baseline's kept JSON."""
     path = out / f"{slug(name, seed)}.json"
     if reuse and path.exists():
         return json.loads(path.read_text())["policies"]
-    cmd = [sys.executable, "-m", "leadscale", "compare", *args, *FLAGS, "--seed", str(seed), "--policies", POLICIES,
-           "--out", str(out / slug(name, seed))]
+    others: dict = {}
+    if baseline is not None:
+        kept = baseline / f"{slug(name, seed)}.json"
+        if not kept.exists():
+            return {"error": f"--baseline {baseline}: no {kept.name} (run the full suite with --out {baseline} first)"}
+        others = {k: v for k, v in json.loads(kept.read_text())["policies"].items() if k != "leadscale"}
+    cmd = [sys.executable, "-m", "leadscale", "compare", *args, *FLAGS, "--seed", str(seed),
+           "--policies", "leadscale" if baseline is not None else POLICIES, "--out", str(out / slug(name, seed))]
     for item in meta:
         cmd += ["--leadscale-meta", item]
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     if done.returncode != 0:
         return {"error": done.stderr.strip()[-500:]}
-    path.write_text(done.stdout)
-    return json.loads(done.stdout)["policies"]
+    result = json.loads(done.stdout)
+    result["policies"] = {**others, **result["policies"]}
+    path.write_text(json.dumps(result))
+    return result["policies"]
 
 
 def meets(summary: dict) -> bool:
@@ -147,6 +160,8 @@ def main() -> int:
                         help="extra leadscale trigger metadata, as for leadscale compare")
     parser.add_argument("--out", type=Path, default=None, help="keep every compare (JSON and report) here")
     parser.add_argument("--reuse", action="store_true", help="read compares already kept in --out")
+    parser.add_argument("--baseline", type=Path, default=None, metavar="DIR",
+                        help="run leadscale alone; read the recipes and the oracle from a full run's --out DIR")
     args = parser.parse_args()
     workloads = dict(SUITE)
     if args.only:
@@ -161,7 +176,7 @@ def main() -> int:
     jobs = [(name, seed) for name in workloads for seed in seeds]
     with ThreadPoolExecutor(max(1, args.jobs)) as pool:
         done = list(pool.map(lambda job: run_one(job[0], workloads[job[0]], job[1], out, args.leadscale_meta,
-                                                 args.reuse), jobs))
+                                                 args.reuse, args.baseline), jobs))
     results = dict(zip(jobs, done, strict=True))
     print(f"Seeds {', '.join(map(str, seeds))}; mean over seeds [min–max]. GPU-hours (p95 TTFT).\n")
     print("| workload | leadscale mean replicas | leadscale | waiting-requests | kv-cache | saturation | lower bound "

@@ -1,0 +1,44 @@
+"""The policy suite's ``--baseline`` mode: leadscale runs alone, everything else comes from a kept run.
+
+A settings sweep relies on it to take minutes instead of two hours, so it must never mix a stale
+leadscale into the table or hide a missing baseline."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SMALL = ["--trace", "builtin:gamma?rate=4&cv=2&duration=300"]
+
+
+def _suite():
+    spec = importlib.util.spec_from_file_location("bench_policy_suite", ROOT / "benchmarks" / "bench_policy_suite.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_baseline_mode_runs_leadscale_and_keeps_the_baselines(tmp_path):
+    suite = _suite()
+    baseline, out = tmp_path / "full", tmp_path / "sweep"
+    baseline.mkdir()
+    out.mkdir()
+    kept = {"saturation": {"gpu_hours": 1.25, "ttft_p95": 0.5},
+            "oracle": {"gpu_hours": 0.5, "oracle_gpu_hours": 0.5, "ttft_p95": 1.0},
+            "leadscale": {"gpu_hours": 99.0, "ttft_p95": 99.0}}  # a stale leadscale must not survive
+    (baseline / f"{suite.slug('small', 1)}.json").write_text(json.dumps({"policies": kept}))
+    result = suite.run_one("small", SMALL, 1, out, ["headroomQuantile=0.8"], reuse=False, baseline=baseline)
+    assert "error" not in result, result
+    assert result["saturation"] == kept["saturation"] and result["oracle"] == kept["oracle"]
+    assert result["leadscale"]["gpu_hours"] != 99.0 and 0 < result["leadscale"]["gpu_hours"] < 10
+    # the merged result is kept, so --reuse re-prints it without running anything
+    again = suite.run_one("small", SMALL, 1, out, [], reuse=True, baseline=baseline)
+    assert again == result
+
+
+def test_baseline_mode_names_the_missing_file(tmp_path):
+    suite = _suite()
+    result = suite.run_one("small", SMALL, 2, tmp_path, [], reuse=False, baseline=tmp_path / "none")
+    assert "error" in result and f"{suite.slug('small', 2)}.json" in result["error"]
