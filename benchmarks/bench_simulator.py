@@ -33,6 +33,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
@@ -122,6 +124,10 @@ def week_one(args: argparse.Namespace) -> dict[str, Any]:
         w = builtin("poisson", seed=0, rate=args.rate, duration=duration)
         res = simulate(w, prof, replicas=args.replicas, engine="compiled")
         summary = res.summary()
+    elif args.week_one == "file":
+        from simulator.trace_stream import iter_trace
+
+        summary = simulate_stream(iter_trace(args.week_file), prof, args.replicas).summary()
     else:
         run = simulate_stream(builtin_chunks("poisson", seed=0, span_s=3600.0, rate=args.rate, duration=duration),
                               prof, args.replicas)
@@ -135,18 +141,44 @@ def week_one(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def week(args: argparse.Namespace) -> int:
-    """The long run held in memory and streamed, each in its own process (peak RSS is per process), side by
-    side: CPU seconds (workload generation included), peak RSS and their ratios."""
+    """The long run held in memory, streamed from the generator, and streamed from a trace file of the same
+    requests (``simulate --stream``'s path), each in its own process (peak RSS is per process), side by
+    side: CPU seconds (workload generation or file parsing included), peak RSS and their ratios."""
+    import tempfile
+
     rows = {}
-    for mode in ("memory", "stream"):
-        cmd = [sys.executable, __file__, "--week-one", mode, "--requests", str(args.requests), "--rate", str(args.rate),
-               "--replicas", str(args.replicas), "--profile", args.profile]
-        rows[mode] = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
-    m, st = rows["memory"], rows["stream"]
-    out = {**rows, "stream_over_memory": {"cpu": st["cpu_s"] / m["cpu_s"], "rss_added": (
-        (st["rss_peak_mib"] - st["rss_before_mib"]) / max(m["rss_peak_mib"] - m["rss_before_mib"], 1e-9))}}
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = Path(tmp) / "week.csv"
+        written_s = write_week(trace, args.requests, args.rate)
+        for mode in ("memory", "stream", "file"):
+            cmd = [sys.executable, __file__, "--week-one", mode, "--requests", str(args.requests), "--rate",
+                   str(args.rate), "--replicas", str(args.replicas), "--profile", args.profile,
+                   "--week-file", str(trace)]
+            rows[mode] = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+        rows["file"]["trace_mib"], rows["file"]["trace_written_s"] = trace.stat().st_size / 2**20, written_s
+
+    def added(row: dict[str, Any]) -> float:
+        return max(row["rss_peak_mib"] - row["rss_before_mib"], 1e-9)
+
+    m, st, f = rows["memory"], rows["stream"], rows["file"]
+    out = {**rows, "stream_over_memory": {"cpu": st["cpu_s"] / m["cpu_s"], "rss_added": added(st) / added(m)},
+           "file_over_memory": {"cpu": f["cpu_s"] / m["cpu_s"], "rss_added": added(f) / added(m)}}
     print(json.dumps(out, indent=1))
     return 0
+
+
+def write_week(path: Path, requests: int, rate: float) -> float:
+    """The streamed run's requests (``builtin_chunks``, the same draw) as a generic CSV trace, hour by hour;
+    seconds spent writing (not part of any measured run)."""
+    from simulator.synthetic import builtin_chunks
+
+    started = time.perf_counter()
+    with path.open("w") as out:
+        out.write("arrival_s,input_tokens,output_tokens\n")
+        for chunk in builtin_chunks("poisson", seed=0, span_s=3600.0, rate=rate, duration=requests / rate):
+            np.savetxt(out, np.column_stack((chunk.arrival_s, chunk.input_tokens, chunk.output_tokens)),
+                       fmt=("%.6f", "%d", "%d"), delimiter=",")
+    return time.perf_counter() - started
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -161,9 +193,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="how CPU time grows: x4 requests at a fixed load, then x2 replicas at a fixed load per "
                              "replica (both engines; no peer)")
     parser.add_argument("--week", action="store_true",
-                        help="one long run (give --requests 20000000 --rate 33 for a week), held in memory and "
-                             "streamed: CPU s and peak RSS of each")
-    parser.add_argument("--week-one", choices=("memory", "stream"), default=None, help=argparse.SUPPRESS)
+                        help="one long run (give --requests 20000000 --rate 33 for a week), held in memory, "
+                             "streamed, and streamed from a CSV file of it (written to a temporary directory): CPU s "
+                             "and peak RSS of each")
+    parser.add_argument("--week-one", choices=("memory", "stream", "file"), default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--week-file", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.week_one:
         print(json.dumps(week_one(args)))

@@ -32,7 +32,8 @@ TARGET_P99_MS, TARGET_CPU_CORES = 5.0, 0.2
 
 
 def _start(script: Path, serve_args: list[str]) -> tuple[subprocess.Popen[str], int, int]:
-    env = {**os.environ, "PYTHONPATH": str(script.resolve().parent.parent)}
+    # as the chart runs the scaler (deployment.yaml: two malloc arenas), unless the caller says otherwise
+    env = {"MALLOC_ARENA_MAX": "2", **os.environ, "PYTHONPATH": str(script.resolve().parent.parent)}
     proc = subprocess.Popen([sys.executable, str(script), "--serve", "--serve-args", " ".join(serve_args)],
                             stdout=subprocess.PIPE, text=True, env=env)
     ports: dict[str, int] = {}

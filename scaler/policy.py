@@ -26,6 +26,7 @@ The maths and every term are explained in docs/policy.md.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -309,7 +310,7 @@ def decide(signals: Signals, state: PolicyState, config: PolicyConfig, now: floa
                                   config.trend_window_s / 2, spacing_s=config.rate_window_s)
     slopes = (forecast.push_spaced(state.slopes, now, trend.used, config.headroom_history_s, HISTORY_SPACING_S)
               if recording and history and history[-1][0] == now else state.slopes)
-    slopes = tuple(s for s in slopes if s[0] >= (history[0][0] if history else now))
+    slopes = slopes[bisect.bisect_left(slopes, (history[0][0] if history else now,)):]  # in time order
     headroom = forecast.lead_time_headroom(history, slopes, lead_s, nominal, config.headroom_quantile,
                                            config.prior_rise, config.prior_horizons)
     slope = _clip(trend.used / seen.efficiency)

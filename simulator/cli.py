@@ -33,6 +33,10 @@ def register(subparsers: Any) -> None:
     sim.add_argument("--policy", default=None, help="autoscale with this policy (e.g. leadscale) instead of "
                      "a fixed fleet")
     add_cold_start_argument(sim)
+    sim.add_argument("--stream", action="store_true",
+                     help="read the workload chunk by chunk (a time-ordered trace file, or a builtin hour by hour) "
+                     "and simulate it with memory bounded by the requests in flight: for week-long traces; a "
+                     "fixed fleet only, percentiles from 1%%-wide bins, --out writes summary.json only")
     sim.add_argument("--out", default=None, metavar="DIR", help="write summary.json, requests.csv, kv_usage.csv")
     sim.add_argument("--json", action="store_true", help="print the summary as one JSON object (no progress bar)")
     sim.set_defaults(func=run_simulate)
@@ -50,12 +54,13 @@ def run_simulate(args: argparse.Namespace) -> int:
     try:
         if args.replicas < 1:
             raise ValueError(f"--replicas {args.replicas}: must be >= 1")
-        inputs = build_run_inputs(args)
-        if args.policy:
-            summary = _autoscaled(args, inputs)
-            result = None
+        result = None
+        if args.stream:
+            summary = _streamed(args)
+        elif args.policy:
+            summary = _autoscaled(args, inputs := build_run_inputs(args))
         else:
-            result = _fixed(args, inputs)
+            result = _fixed(args, inputs := build_run_inputs(args))
             summary = result.summary(inputs.slo_ttft_s, inputs.slo_tpot_s, workload=inputs.workload.name,
                                      replicas=args.replicas, router=_router_name(args.router, inputs),
                                      seed=inputs.seed)
@@ -103,6 +108,61 @@ def _fixed(args: argparse.Namespace, inputs: RunInputs) -> Any:
     finally:
         if bar is not None:
             bar.close()
+
+
+def _streamed(args: argparse.Namespace) -> dict[str, Any]:
+    """``--stream``: the workload's chunks through ``fast_stream.simulate_stream``, never held whole."""
+    from scaler.profiles import get_profile
+    from simulator import synthetic, trace_stream
+    from simulator.fast_engine import FAST_ROUTERS
+    from simulator.fast_stream import simulate_stream
+
+    if args.policy:
+        raise ValueError(f"--stream with --policy {args.policy!r}: the autoscaled loop is not streamed; "
+                         "drop one of them")
+    if args.load_scale != 1.0:
+        raise ValueError(f"--stream with --load-scale {args.load_scale:g}: its copies are drawn over the whole "
+                         "trace; use --rate-scale, or drop --stream")
+    router = "least-tokens" if args.router == "auto" else args.router
+    if router not in FAST_ROUTERS:
+        raise ValueError(f"--stream with --router {args.router!r}: allowed {', '.join(FAST_ROUTERS)} or auto")
+    profile = get_profile(args.profile)
+    counts = trace_stream.StreamCounts()
+    if args.trace is None or args.trace.startswith(synthetic.PREFIX):
+        name, params = synthetic.parse_spec(args.trace or "builtin:default")
+        if args.format not in (None, "builtin"):
+            raise ValueError(f"--format {args.format!r} does not apply to a builtin workload")
+        chunks = synthetic.builtin_chunks(name, args.seed, span_s=3600.0, **params)
+        label = synthetic.PREFIX + name
+    else:
+        chunks = trace_stream.iter_trace(args.trace, args.format, bad_rows=args.bad_rows, counts=counts)
+        label = args.trace
+    start, end = args.window if args.window is not None else (0.0, None)
+    if args.duration is not None:
+        end = start + args.duration if end is None else min(end, start + args.duration)
+    selected = trace_stream.select_stream(chunks, start, end, args.rate_scale, counts)
+    bar = None
+    if not args.json:
+        from tqdm import tqdm
+
+        bar = tqdm(unit="req", file=sys.stderr, leave=False, mininterval=0.5)
+
+    def progress(done: int) -> None:
+        if bar is not None:
+            bar.update(done - bar.n)
+
+    try:
+        run = simulate_stream(selected, profile, args.replicas, slo_ttft_s=args.slo_ttft, slo_tpot_s=args.slo_tpot,
+                              router=router, progress=progress)
+    finally:
+        if bar is not None:
+            bar.close()
+    if counts.malformed.count:
+        print(f"leadscale: {label}: skipped {counts.malformed.count} malformed row(s) (--bad-rows skip); the "
+              f"first: {counts.malformed.first}", file=sys.stderr)
+    return run.summary(args.slo_ttft, args.slo_tpot, workload=label, replicas=args.replicas, router=router,
+                       seed=args.seed, streamed=True, skipped_rows=counts.skipped_rows,
+                       malformed_rows=counts.malformed.count)
 
 
 def _autoscaled(args: argparse.Namespace, inputs: RunInputs) -> dict[str, Any]:

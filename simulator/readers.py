@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, TypeGuard
@@ -97,6 +98,11 @@ def detect_format(path: str | Path) -> str:
     return _detect(first, path)
 
 
+def format_of(first: bytes, path: str | Path) -> str:
+    """The format a file's first line names (``detect_format`` without reopening the file)."""
+    return _detect(first, path)
+
+
 def _detect(first: bytes, path: str | Path) -> str:
     if first.lstrip().startswith(b"{"):
         return "mooncake"
@@ -108,6 +114,11 @@ def _detect(first: bytes, path: str | Path) -> str:
                                "'arrival_s,input_tokens,output_tokens', lengths 'input_tokens,output_tokens' "
                                "(or num_prefill_tokens,num_decode_tokens), or mooncake JSON lines")
     return fmt
+
+
+def open_trace(path: str | Path) -> BinaryIO:
+    """The file (gzip or not) as a binary stream; an unreadable one is a ``TraceFormatError``."""
+    return _open(path)
 
 
 def _open(path: str | Path) -> BinaryIO:
@@ -170,18 +181,26 @@ def _column(names: list[str], accepted: tuple[str, ...], fmt: str, path: str | P
                            f"a {fmt} header with a column named one of {', '.join(accepted)}")
 
 
-def _read_csv(path: str | Path, stream: BinaryIO, first: bytes, fmt: str, chunk_bytes: int,
-              skip: BadRows | None) -> Workload:
+def csv_chunks(path: str | Path, stream: BinaryIO, first: bytes, fmt: str, chunk_bytes: int,
+               skip: BadRows | None) -> Iterator[tuple[Chunk, list[np.ndarray]]]:
+    """A CSV trace chunk by chunk after its header line ``first``: each chunk of whole lines with its parsed
+    columns (input tokens, output tokens and, where the format has one, the raw time: integer ns since the
+    epoch for timestamps, float seconds otherwise). ``load_trace`` gathers them; ``trace_stream`` does not."""
     layout = LAYOUTS[fmt]
     names = decode_header(first, path)
     cols = [_column(names, layout.input, fmt, path, first), _column(names, layout.output, fmt, path, first)]
     if layout.time:
         cols.append(_column(names, layout.time, fmt, path, first))
-    columns: list[list[np.ndarray]] = [[] for _ in cols]
     for chunk in iter_chunks(stream, path, first_line=2, chunk_bytes=chunk_bytes):
-        parsed = _fast_chunk(chunk, names, cols, layout)
-        for store, values in zip(columns, parsed or _careful_chunk(chunk, names, cols, layout, path, skip),
-                                 strict=True):
+        yield chunk, _fast_chunk(chunk, names, cols, layout) or _careful_chunk(chunk, names, cols, layout, path, skip)
+
+
+def _read_csv(path: str | Path, stream: BinaryIO, first: bytes, fmt: str, chunk_bytes: int,
+              skip: BadRows | None) -> Workload:
+    layout = LAYOUTS[fmt]
+    columns: list[list[np.ndarray]] = [[] for _ in range(3 if layout.time else 2)]
+    for _, parsed in csv_chunks(path, stream, first, fmt, chunk_bytes, skip):
+        for store, values in zip(columns, parsed, strict=True):
             store.append(values)
     inp, out = (_concat(columns[k], np.int64) for k in (0, 1))
     if not layout.time:

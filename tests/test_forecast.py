@@ -73,3 +73,47 @@ def test_backlog_drains_with_the_starting_replicas_as_they_arrive() -> None:
     assert project_backlog(100.0, 4.0, 0.0, 4, (), 60.0) == pytest.approx(100.0)
     assert project_backlog(100.0, 4.0, 0.0, 4, (30.0, 30.0), 60.0) == pytest.approx(100.0 - 2 * 30.0, abs=1.0)
     assert project_backlog(0.0, 5.0, 0.0, 4, (), 60.0) == pytest.approx(60.0)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.floats(0.0, 50.0).map(lambda v: round(v, 1)), min_size=2, max_size=14),
+       st.floats(0.05, 0.99), st.booleans())
+def test_theil_sen_equals_scipy_theilslopes_including_ties(values, confidence, tied_times) -> None:
+    """Our Theil–Sen replaces scipy's call (its overhead was most of a decision): same slope, same
+    lower confidence bound, ties in values (rounded) and in times included."""
+    from scipy import stats
+
+    from scaler.forecast import theil_sen
+
+    t = np.arange(len(values), dtype=float) * 60.0
+    if tied_times:
+        t = np.floor(t / 120.0) * 120.0  # pairs of equal times
+    y = np.asarray(values)
+    if not (np.diff(t) > 0).any():
+        return
+    slope, low = theil_sen(t, y, confidence)
+    with np.errstate(invalid="ignore"):
+        expected = stats.theilslopes(y, t, alpha=confidence)
+    assert slope == pytest.approx(float(expected.slope), abs=1e-12)
+    if math.isnan(float(expected.low_slope)):
+        assert math.isnan(low)
+    else:
+        assert low == pytest.approx(float(expected.low_slope), abs=1e-12)
+
+
+def test_push_spaced_drops_exactly_the_samples_older_than_the_history() -> None:
+    history = series([1.0, 2.0, 3.0, 4.0])  # t = 0, 15, 30, 45
+    assert push_spaced(history, 60.0, 5.0, 30.0, 15.0) == ((30.0, 3.0), (45.0, 4.0), (60.0, 5.0))
+    assert push_spaced(history, 50.0, 5.0, 35.0, 15.0) == ((15.0, 2.0), (30.0, 3.0), (45.0, 4.0))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(0.0, 40.0), min_size=2, max_size=80), st.sampled_from([30.0, 60.0, 180.0]),
+       st.floats(0.01, 0.99))
+def test_headroom_is_numpys_higher_quantile_of_the_pooled_rises(values, lead, q) -> None:
+    """The order statistic taken by index is exactly ``np.quantile(..., method="higher")`` (what it replaced)."""
+    history = series(values)
+    got = lead_time_headroom(history, (), lead, values[-1], q, 0.25, 5)
+    rises = horizon_rises(history, lead, (), values[-1])
+    pooled = np.concatenate([rises, np.full(5 * max(1, int(lead // 15.0)), 0.25)])
+    assert got.rise == max(float(np.quantile(pooled, q, method="higher")), 0.0)

@@ -1,0 +1,76 @@
+"""What one decision costs as its history fills, and what that means for a scaler holding many objects.
+
+The evaluator re-decides every scaled object each round (5 s); the soak (``bench_getmetrics.py --soak``)
+measures the whole server, this isolates ``scaler.evaluation.step`` for one object on a steady load with
+the policy's windows at 0, 10 and 60+ minutes of history (the headroom history is an hour), and prints
+the cores 1,000 objects would take at one round per 5 s. Peer, side by side: the Theil–Sen fit the
+policy makes per decision, ours (``forecast.theil_sen``) against ``scipy.stats.theilslopes`` on the
+same ten points (the call that used to be half of a decision).
+
+    python benchmarks/bench_decide.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import timeit
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from scaler import evaluation
+from scaler.forecast import theil_sen
+from scaler.metadata import parse_metadata
+from scaler.signals import Signals
+
+META = {"model": "model-0007", "prefillTokensPerSecond": "8000", "decodeTokensPerSecond": "2000",
+        "maxNumSeqs": "256", "kvCacheTokens": "200000"}
+INTERVAL_S = 5.0
+
+
+def steps(held: evaluation.Held, first: int, count: int) -> evaluation.Held:
+    """``count`` decisions 5 s apart on a load that wobbles ±20 % (the trend and headroom stay busy)."""
+    config = parse_metadata(META)
+    for k in range(first, first + count):
+        now = INTERVAL_S * k
+        level = 7.0 + (k % 40) / 10
+        signals = Signals(at=now, prompt_tokens_per_s=500.0 * level, generation_tokens_per_s=120.0 * level,
+                          requests_waiting=float(k % 3), requests_running=7.0, ready_replicas=1, data_age_s=2.0)
+        held = evaluation.step(config, held, signals, now, (None, None), "bench")
+    return held
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--decisions", type=int, default=1000, help="timed decisions per history length")
+    parser.add_argument("--objects", type=int, default=1000, help="objects for the cores estimate")
+    args = parser.parse_args(argv)
+
+    print(f"{'history':>10} {'us/decision':>12} {'cores for ' + str(args.objects) + ' objects':>24}")
+    held, done = evaluation.Held(), 0
+    for minutes in (0, 10, 60, 90):
+        target = int(minutes * 60 / INTERVAL_S)
+        if target > done:
+            held, done = steps(held, done, target - done), target
+        # the next decision, from the same state each time (decide is pure): the history stays this long
+        cost_s = min(timeit.repeat(lambda held=held, done=done: steps(held, done, 1), number=args.decisions,
+                                   repeat=3)) / args.decisions
+        print(f"{minutes:>7} min {cost_s * 1e6:>12.0f} {args.objects * cost_s / INTERVAL_S:>24.3f}")
+
+    from scipy import stats
+
+    rng = np.random.default_rng(7)
+    t = np.arange(11, dtype=float) * 60.0
+    y = 7.0 + rng.normal(0, 0.5, t.size)
+    ours = min(timeit.repeat(lambda: theil_sen(t, y, 0.8), number=2000, repeat=5)) / 2000
+    scipys = min(timeit.repeat(lambda: stats.theilslopes(y, t, alpha=0.8), number=2000, repeat=5)) / 2000
+    print(f"\nTheil-Sen on 11 points: ours {ours * 1e6:.0f} us, scipy.stats.theilslopes {scipys * 1e6:.0f} us "
+          f"(ratio {ours / scipys:.2f}x; same slope and bound: tests/test_forecast.py)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
