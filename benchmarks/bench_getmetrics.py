@@ -23,6 +23,7 @@ per call kind, errors, each server's CPU (cores) and RSS (first and last third, 
     python benchmarks/bench_getmetrics.py --duration 5 --step 2 --max-rate 4000
     python benchmarks/bench_getmetrics.py --warmup 660 --soak 600 --json soak.json   # the 10-minute soak
     python benchmarks/bench_getmetrics.py --fast-forward 120     # memory over 2 simulated hours, in a minute
+    python benchmarks/bench_getmetrics.py --burst-probe 600      # a burst's cost on one server, no peer beside it
 """
 
 from __future__ import annotations
@@ -220,6 +221,10 @@ def main(argv: list[str] | None = None) -> int:
     soak_group.add_argument("--fast-forward", type=float, default=0.0, metavar="MIN",
                             help="instead, MIN simulated minutes of the evaluator on a hand-moved clock: RSS as "
                                  "histories fill and renamed objects idle out")
+    soak_group.add_argument("--burst-probe", type=float, default=0.0, metavar="S",
+                            help="instead, one server under the steady polling for S seconds, then bursts of "
+                                 "GetMetrics and of health Checks on it, alternating")
+    soak_group.add_argument("--probe-bursts", type=int, default=8, help="bursts of each kind in --burst-probe")
     parser.add_argument("--serve-args", default="", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve:
@@ -228,6 +233,10 @@ def main(argv: list[str] | None = None) -> int:
         from getmetrics_soak import fast_forward
 
         return fast_forward(args)
+    if args.burst_probe > 0:
+        from getmetrics_soak import burst_probe
+
+        return burst_probe(args)
     if args.soak > 0:
         from getmetrics_soak import soak
 

@@ -306,3 +306,63 @@ def fast_forward(args: argparse.Namespace) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps({"fast_forward_min": args.fast_forward, "rows": rows}, indent=1))
     return 0
+
+
+def burst_probe(args: argparse.Namespace) -> int:
+    """One server alone, ``--objects`` objects under KEDA's steady polling for ``--burst-probe`` seconds, then
+    bursts of ``--burst-clients`` x ``--burst-calls`` GetMetrics and of health Checks, alternating, on that
+    same server: what a burst costs the scaler itself, with no second server and load on the two cores
+    (the soak runs four processes side by side)."""
+    import grpc
+    from bench_getmetrics import META
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from scaler._proto import externalscaler_pb2 as pb
+    from scaler._proto import externalscaler_pb2_grpc as pb_grpc
+
+    script = Path(__file__).resolve().parent / "bench_getmetrics.py"
+    proc, port, _ = _start(script, ["--idle-timeout", f"{args.idle_timeout:g}", "--max-objects", str(args.objects * 3)])
+    try:
+        options = [("grpc.use_local_subchannel_pool", 1)]
+        channels = [grpc.insecure_channel(f"127.0.0.1:{port}", options=options)
+                    for _ in range(args.burst_clients + args.steady_clients)]
+        stubs = [pb_grpc.ExternalScalerStub(c) for c in channels]
+        health = [health_pb2_grpc.HealthStub(c) for c in channels[: args.burst_clients]]
+        refs = [pb.ScaledObjectRef(name=f"chat-{i:04d}-g0", namespace="llm",
+                                   scalerMetadata={**META, "model": f"model-{i:04d}"}) for i in range(args.objects)]
+        requests = [pb.GetMetricsRequest(scaledObjectRef=r) for r in refs]
+        for future in [stubs[i % args.burst_clients].GetMetrics.future(requests[i], timeout=30)
+                       for i in range(args.objects)]:
+            future.result()
+        steady_stubs = stubs[args.burst_clients:]
+
+        def calls(i: int, gen: int) -> list[tuple[str, Any]]:
+            s = steady_stubs[i % len(steady_stubs)]
+            return [("GetMetricSpec", lambda: s.GetMetricSpec.future(refs[i], timeout=3)),
+                    ("GetMetrics", lambda: s.GetMetrics.future(requests[i], timeout=3)),
+                    ("IsActive", lambda: s.IsActive.future(refs[i], timeout=3))]
+
+        steady = Steady(calls, args.objects, args.period, Recorder()).start()
+        time.sleep(args.burst_probe)
+        check = health_pb2.HealthCheckRequest(service="")
+        kinds = {"GetMetrics": lambda k: stubs[k % args.burst_clients].GetMetrics.future(
+                     requests[k * 7 % args.objects], timeout=10),
+                 "health Check": lambda k: health[k % args.burst_clients].Check.future(check, timeout=10)}
+        took: dict[str, list[float]] = {kind: [] for kind in kinds}
+        for _ in range(args.probe_bursts):
+            for kind, call in kinds.items():
+                took[kind].append(burst([lambda k=k, call=call: call(k) for k in range(args.burst_clients)],
+                                        args.burst_clients, args.burst_calls, Recorder()))
+                time.sleep(args.period / 5)
+        steady.stop()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    print(f"\nburst probe: {args.objects} objects polled every {args.period:g} s for {args.burst_probe:g} s, then "
+          f"bursts of {args.burst_clients} x {args.burst_calls} calls on the same server, alternating")
+    for kind, seconds in took.items():
+        print(f"{kind:>14}: median {np.median(seconds):.2f} s, max {max(seconds):.2f} s  "
+              f"({', '.join(f'{s:.2f}' for s in seconds)})")
+    print(f"ratio of medians GetMetrics / health Check: "
+          f"{np.median(took['GetMetrics']) / np.median(took['health Check']):.2f}x")
+    return 0
