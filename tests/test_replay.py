@@ -326,3 +326,18 @@ def test_extra_body_reaches_every_request(fake_url: str, tmp_path: Path) -> None
     cfg = ReplayConfig(endpoints=(fake_url,), extra_body=(("max_tokens", 429),))  # the fake refuses 429s
     summary = _run(cfg, tmp_path, [0.0, 0.0], [10, 10], [3, 3])
     assert summary["refused"] == 2 and json.loads((tmp_path / "replay.json").read_text())["config"]["extra_body"]
+
+
+def test_the_client_never_reuses_a_connection_vllm_may_be_closing() -> None:
+    """vLLM closes idle keep-alive connections after VLLM_HTTP_TIMEOUT_KEEP_ALIVE (5 s by default); the replay
+    client must drop them well before, or a request can be written to a closing socket (a ReadError)."""
+    from simulator.replay import KEEPALIVE_EXPIRY_S
+
+    server_timeout_s = 5.0
+    try:
+        import vllm.envs as vllm_envs
+
+        server_timeout_s = float(vllm_envs.VLLM_HTTP_TIMEOUT_KEEP_ALIVE)
+    except Exception:  # vLLM is an optional extra: its documented default then
+        pass
+    assert 0 < KEEPALIVE_EXPIRY_S <= server_timeout_s / 2
