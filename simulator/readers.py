@@ -172,7 +172,8 @@ def load_lengths(path: str | Path, fmt: str | None = None, bad_rows: str = "fail
     return w.input_tokens, w.output_tokens
 
 
-def _column(names: list[str], accepted: tuple[str, ...], fmt: str, path: str | Path, header: bytes) -> int:
+def column_index(names: list[str], accepted: tuple[str, ...], fmt: str, path: str | Path, header: bytes) -> int:
+    """Index of the first header name among ``accepted``; a ``TraceFormatError`` when none is there."""
     low = [n.lower() for n in names]
     for alias in accepted:
         if alias in low:
@@ -188,9 +189,9 @@ def csv_chunks(path: str | Path, stream: BinaryIO, first: bytes, fmt: str, chunk
     epoch for timestamps, float seconds otherwise). ``load_trace`` gathers them; ``trace_stream`` does not."""
     layout = LAYOUTS[fmt]
     names = decode_header(first, path)
-    cols = [_column(names, layout.input, fmt, path, first), _column(names, layout.output, fmt, path, first)]
+    cols = [column_index(names, layout.input, fmt, path, first), column_index(names, layout.output, fmt, path, first)]
     if layout.time:
-        cols.append(_column(names, layout.time, fmt, path, first))
+        cols.append(column_index(names, layout.time, fmt, path, first))
     for chunk in iter_chunks(stream, path, first_line=2, chunk_bytes=chunk_bytes):
         yield chunk, _fast_chunk(chunk, names, cols, layout) or _careful_chunk(chunk, names, cols, layout, path, skip)
 

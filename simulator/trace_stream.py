@@ -24,7 +24,16 @@ import numpy as np
 
 from simulator.csvscan import BadRows, Chunk, TraceFormatError, decode_header, read_first_line, split_rows
 from simulator.numparse import parse_decimal, parse_timestamp_ns, parse_uint
-from simulator.readers import BAD_ROWS, FORMATS, LAYOUTS, MAX_TOKENS, csv_chunks, format_of, open_trace
+from simulator.readers import (
+    BAD_ROWS,
+    FORMATS,
+    LAYOUTS,
+    MAX_TOKENS,
+    column_index,
+    csv_chunks,
+    format_of,
+    open_trace,
+)
 from simulator.workload import Workload
 
 STREAMABLE = tuple(f for f in FORMATS if f in LAYOUTS and LAYOUTS[f].time)
@@ -127,9 +136,8 @@ def _out_of_order(path: str | Path, chunk: Chunk, fmt: str, first: bytes, skip: 
     """The error for the ``row``-th parsed row of ``chunk`` arriving before the row above it: its line
     number is found by cutting the chunk into rows again (the fast path does not keep them)."""
     layout, names = LAYOUTS[fmt], decode_header(first, path)
-    low = [n.lower() for n in names]
-    tokens, col = ([low.index(next(a for a in aliases if a in low)) for aliases in (layout.input, layout.output)],
-                   low.index(next(a for a in layout.time if a in low)))
+    tokens = [column_index(names, aliases, fmt, path, first) for aliases in (layout.input, layout.output)]
+    col = column_index(names, layout.time, fmt, path, first)
     rows = split_rows(chunk, len(names), path, names, BadRows())  # rows with a wrong field count left out
     parse = parse_timestamp_ns if layout.time_kind == "timestamp" else parse_decimal
     bad = parse(rows.buf, rows.starts[:, col], rows.ends[:, col])[1]
