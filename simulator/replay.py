@@ -100,11 +100,12 @@ class Router:
         return min(self.endpoints, key=lambda e: self.outstanding[e])
 
 
-KEEPALIVE_EXPIRY_S = 2.0
-"""Idle seconds after which the client drops a pooled connection instead of reusing it. vLLM's API server
-closes idle connections after 5 s (``VLLM_HTTP_TIMEOUT_KEEP_ALIVE``), httpx's default expiry is also 5 s:
-a request written on a connection the server is closing that instant fails with a ReadError and no
-response (seen once in CI: 1 of 30 requests). Well below 5 s, that race cannot happen."""
+KEPT_ALIVE_CONNECTIONS = 0
+"""Every request on its own connection, none reused. A kept-alive connection can be closed by the server
+at the instant the client writes the next request on it (vLLM's API server drops idle ones after
+``VLLM_HTTP_TIMEOUT_KEEP_ALIVE``, 5 s); that request then fails with no response, an error the server never
+saw (1 of 30 in CI, twice, the second time with a 2 s client-side expiry). A replayed trace's requests
+are independent users anyway, and a loopback connect costs well under a millisecond."""
 
 
 async def discover(client: httpx.AsyncClient, endpoint: str) -> tuple[str, int | None]:
@@ -205,7 +206,7 @@ class Replayer:
         rows = select_requests(arrival_s, cfg)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         limits = httpx.Limits(max_connections=cfg.max_concurrency + 2 * len(cfg.endpoints) + 4,
-                              keepalive_expiry=KEEPALIVE_EXPIRY_S)
+                              max_keepalive_connections=KEPT_ALIVE_CONNECTIONS)
         timeout = httpx.Timeout(cfg.timeout_s, connect=min(cfg.timeout_s, 60.0))
         info: dict[str, Any] = {"config": asdict(self.config), "trace_rows": [int(rows[0]), int(rows[-1])]
                                 if rows.size else []}

@@ -328,16 +328,42 @@ def test_extra_body_reaches_every_request(fake_url: str, tmp_path: Path) -> None
     assert summary["refused"] == 2 and json.loads((tmp_path / "replay.json").read_text())["config"]["extra_body"]
 
 
-def test_the_client_never_reuses_a_connection_vllm_may_be_closing() -> None:
-    """vLLM closes idle keep-alive connections after VLLM_HTTP_TIMEOUT_KEEP_ALIVE (5 s by default); the replay
-    client must drop them well before, or a request can be written to a closing socket (a ReadError)."""
-    from simulator.replay import KEEPALIVE_EXPIRY_S
+class DropsReusedConnections(FakeOpenAI):
+    """Closes a connection, unanswered, when a second request arrives on it: the race of a server closing
+    a kept-alive connection the instant the client writes on it, made certain."""
 
-    server_timeout_s = 5.0
+    def setup(self) -> None:
+        super().setup()
+        self.requests_here = 0
+
+    def _first_on_connection(self) -> bool:
+        self.requests_here += 1
+        if self.requests_here > 1:
+            type(self).dropped += 1
+            self.close_connection = True
+            return False
+        return True
+
+    dropped = 0
+
+    def do_GET(self) -> None:
+        if self._first_on_connection():
+            super().do_GET()
+
+    def do_POST(self) -> None:
+        if self._first_on_connection():
+            super().do_POST()
+
+
+def test_the_client_never_writes_on_a_connection_the_server_may_be_closing(tmp_path: Path) -> None:
+    """Model discovery, /tokenize calls, /metrics scrapes and completions each get a fresh connection, so a
+    server closing an idle one (vLLM after 5 s) can never turn a replayed request into an error."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), DropsReusedConnections)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        import vllm.envs as vllm_envs
-
-        server_timeout_s = float(vllm_envs.VLLM_HTTP_TIMEOUT_KEEP_ALIVE)
-    except Exception:  # vLLM is an optional extra: its documented default then
-        pass
-    assert 0 < KEEPALIVE_EXPIRY_S <= server_timeout_s / 2
+        cfg = ReplayConfig(endpoints=(f"http://127.0.0.1:{server.server_address[1]}",), metrics_interval_s=0.05)
+        summary = _run(cfg, tmp_path, [0.0, 0.05, 0.1, 0.3, 0.31, 0.5], [20, 30, 5, 60, 8, 12], [4, 3, 6, 2, 5, 3])
+    finally:
+        server.shutdown()
+    assert (summary["completed"], summary["error"], DropsReusedConnections.dropped) == (6, 0, 0)

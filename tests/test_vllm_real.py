@@ -64,7 +64,8 @@ def test_replay_measures_what_the_server_counted(slices: tuple[Path, Path]) -> N
 
     a, _ = slices
     summary = json.loads((a / "summary.json").read_text())
-    assert summary["completed"] == SLICE and summary["error"] == 0 and summary["timeout"] == 0
+    failed = [(r.index, r.status, r.error) for r in read_records(a / "requests.csv") if r.status != "ok"]
+    assert summary["completed"] == SLICE and summary["error"] == 0 and summary["timeout"] == 0, failed
     assert summary["prompt_token_mismatch"] == 0  # /tokenize-built prompts are exactly as long as asked
     for rec in read_records(a / "requests.csv"):
         assert rec.output_tokens == rec.requested_output_tokens  # ignore_eos + max_tokens
