@@ -56,6 +56,7 @@ class FleetTotals:
     kv_cache_tokens: float | None = None
     prefix_cache_hit_share: float | None = None
     lead_time_s: float | None = None
+    cold_starts_s: tuple[float, ...] = ()
     activation_value: float | None = None
     data_age_s: float = 0.0
 
@@ -79,7 +80,7 @@ def assemble_signals(totals: FleetTotals) -> Signals:
             return Signals(at=totals.at, prompt_tokens_per_s=0.0, generation_tokens_per_s=0.0, requests_waiting=0.0,
                            requests_running=0.0, ready_replicas=int(totals.ready_replicas),
                            starting_replicas=totals.starting_replicas, activation_value=totals.activation_value,
-                           lead_time_s=totals.lead_time_s)
+                           lead_time_s=totals.lead_time_s, cold_starts_s=totals.cold_starts_s)
         raise SourceError(f"no data: no vllm:num_requests_running series for {totals.where} (no ready replica, a "
                           "wrong model name or label, or scraping is broken)")
     window = f"{totals.rate_window_s:g}s"
@@ -109,6 +110,7 @@ def assemble_signals(totals: FleetTotals) -> Signals:
         kv_cache_tokens=_optional(totals.kv_cache_tokens),
         prefix_cache_hit_share=_optional(totals.prefix_cache_hit_share, 1.0),
         lead_time_s=totals.lead_time_s,
+        cold_starts_s=totals.cold_starts_s,
         activation_value=totals.activation_value,
         data_age_s=max(0.0, totals.data_age_s),
     )

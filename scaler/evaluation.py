@@ -98,7 +98,7 @@ def step(config: ScalerConfig, held: Held, signals: Signals, now: float, bounds:
     if route is not None and config.traffic_weight is not None:
         # Prometheus sees no starting pods: the route's are at least this Deployment's (Kubernetes)
         route = dataclasses.replace(route, starting_replicas=max(route.starting_replicas, signals.starting_replicas),
-                                    lead_time_s=signals.lead_time_s)
+                                    lead_time_s=signals.lead_time_s, cold_starts_s=signals.cold_starts_s)
         shared = route_mod.decide_share(signals, route, config.traffic_weight, state,
                                         route_state if route_state is not None else route_mod.RouteState(),
                                         policy_config, now)

@@ -59,6 +59,9 @@ def merge(kube: KubeObserver, namespace: str, name: str, signals: Signals, lead_
     lead = getattr(view, "lead_time_s", None)
     if lead_time_auto and isinstance(lead, (int, float)) and 0 <= lead < float("inf"):
         changes["lead_time_s"] = float(lead)
+        starts = getattr(view, "cold_starts_s", ())
+        if isinstance(starts, tuple) and all(isinstance(s, float) and 0 <= s < float("inf") for s in starts):
+            changes["cold_starts_s"] = starts
     return Merged(replace(signals, **changes), _count(view, "min_replicas"), _count(view, "max_replicas"), True)
 
 

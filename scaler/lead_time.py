@@ -3,6 +3,10 @@
 The rolling nearest-rank p90 of the newest ``window`` cold starts: always an observed value, never below
 most of them; ``None`` until ``min_samples`` pods have started (the policy then uses the configured
 ``leadTime``). ``scaler.kube.leadtime`` measures the starts on a cluster, ``simulator.observe`` in a run.
+
+The same starts say how long a pod *still* starting will take (``remaining_s``): the p90 of what the
+starts that lasted longer than it has so far took beyond that. At 0 s that is the lead time itself; a
+pod past the lead time is a tail draw, and counts as still on its way, not as arriving now.
 """
 
 from __future__ import annotations
@@ -23,3 +27,22 @@ def rolling_lead_time(cold_starts_s: Sequence[float], window: int = WINDOW, min_
     if len(recent) < min_samples:
         return None
     return recent[max(0, math.ceil(quantile * len(recent)) - 1)]
+
+
+def remaining_s(cold_starts_s: Sequence[float], elapsed_s: float, window: int = WINDOW,
+                min_samples: int = MIN_SAMPLES, quantile: float = QUANTILE) -> float:
+    """Seconds a pod that has been starting for ``elapsed_s`` still needs, at ``quantile``: the nearest-rank
+    quantile of ``s - elapsed_s`` over the newest ``window`` starts ``s`` longer than ``elapsed_s``.
+
+    Past the data (fewer than ``min_samples`` starts that long) the residual at the ``min_samples``-th
+    longest start holds: beyond what was seen the tail is taken as memoryless, the assumption that
+    neither promises the pod now nor gives it up. 0.0 with fewer than ``min_samples`` starts measured.
+    """
+    recent = sorted(float(s) for s in cold_starts_s[-window:])
+    if len(recent) < min_samples:
+        return 0.0
+    longer = [s for s in recent if s > elapsed_s]
+    since = elapsed_s
+    if len(longer) < min_samples:
+        longer, since = recent[-min_samples:], recent[-min_samples]
+    return longer[max(0, math.ceil(quantile * len(longer)) - 1)] - since

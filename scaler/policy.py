@@ -16,7 +16,8 @@ one replica sustains within the SLO, ``ReplicaCapacity``) with one small model:
    sooner, and nothing removed now comes back sooner: so scale-down happens only when the fleet
    that remains could carry that peak until it could scale back up;
 4. **backlog**: the queue projected to when replicas ordered now could be ready, the replicas already
-   starting counted as they come (no 2→4→8 runaway), cleared within ``backlog_drain_s``;
+   starting counted as they come (no 2→4→8 runaway; one past its expected start as the measured
+   starts say it still needs, ``scaler.lead_time.remaining_s``), cleared within ``backlog_drain_s``;
 5. desired = ceil(max(peak, demand + projected backlog / drain time, KV) / target utilization), the
    largest of the last ``scale_down_delay_s`` (KEDA's scale-down delay), within min/max and at
    least 1 while active.
@@ -32,7 +33,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from scaler import efficiency, forecast, histograms, window
+from scaler import efficiency, forecast, histograms, lead_time, window
 from scaler.capacity import ReplicaCapacity
 from scaler.limits import Limit
 from scaler.signals import Signals
@@ -319,7 +320,9 @@ def decide(signals: Signals, state: PolicyState, config: PolicyConfig, now: floa
 
     # 4. backlog when new replicas could arrive, counting those already starting as they come
     starting_since = _track_starting(state.starting_since, signals.starting_replicas, now)
-    arrivals = tuple(max(0.0, lead_s - (now - t)) for t in starting_since)
+    # a pod past its expected start is a tail draw, still on its way (scaler.lead_time.remaining_s)
+    arrivals = tuple(max(lead_s - (now - t), lead_time.remaining_s(signals.cold_starts_s, now - t), 0.0)
+                     for t in starting_since)
     projected = _clip(forecast.project_backlog(backlog, demand, slope, signals.ready_replicas, arrivals, lead_s))
     for_backlog = _clip(demand + projected / config.backlog_drain_s)
 

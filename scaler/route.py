@@ -71,7 +71,8 @@ def empty_signals(route: Signals, ready_replicas: int = 0, starting_replicas: in
     the route's engine limits (the same model: its KV cache stands in until the canary reports its own)."""
     return Signals(at=route.at, prompt_tokens_per_s=0.0, generation_tokens_per_s=0.0, requests_waiting=0.0,
                    requests_running=0.0, ready_replicas=ready_replicas, starting_replicas=starting_replicas,
-                   kv_cache_tokens=route.kv_cache_tokens, lead_time_s=route.lead_time_s, data_age_s=route.data_age_s)
+                   kv_cache_tokens=route.kv_cache_tokens, lead_time_s=route.lead_time_s,
+                   cold_starts_s=route.cold_starts_s, data_age_s=route.data_age_s)
 
 
 def share_floor(weight: float, route_needed: float, others_ready: float, own_replicas: float = math.inf) -> float:

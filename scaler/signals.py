@@ -50,6 +50,9 @@ class Signals:
     ``block_size``, summed over a pod's engines), the smallest over ready replicas; None: not exported."""
     lead_time_s: float | None = None
     """Measured cold-start lead time (p90); None: use the configured one."""
+    cold_starts_s: tuple[float, ...] = ()
+    """The measured cold starts behind ``lead_time_s`` (seconds, oldest first); () when not measured. They
+    say how long a pod still starting will take (``scaler.lead_time.remaining_s``)."""
     activation_value: float | None = None
     """Value of the user's activation query (a demand signal that exists at zero replicas)."""
     data_age_s: float = 0.0
@@ -60,6 +63,9 @@ class Signals:
             value = getattr(self, f.name)
             if isinstance(value, float) and not math.isfinite(value):
                 raise ValueError(f"Signals.{f.name}={value!r}: must be finite")
+        for start in self.cold_starts_s:
+            if not (isinstance(start, (int, float)) and math.isfinite(start) and start >= 0):
+                raise ValueError(f"Signals.cold_starts_s contains {start!r}: each must be a finite number >= 0")
         for name in ("prompt_tokens_per_s", "generation_tokens_per_s", "requests_waiting",
                      "requests_running", "ready_replicas", "starting_replicas", "data_age_s"):
             if getattr(self, name) < 0:

@@ -267,7 +267,9 @@ class Observer:
             kv_cache_usage=float(np.mean(list(kv.values()))) if kv else None,
             kv_cache_tokens=min(kv_tokens.values()) if kv_tokens else None,
             prefix_cache_hit_share=self._ratio("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total", now),
-            lead_time_s=self.lead_time_s() if lead_time_auto else None, activation_value=self.activation_value(now),
+            lead_time_s=self.lead_time_s() if lead_time_auto else None,
+            cold_starts_s=tuple(self.cold_starts[-self.config.lead_time_window:]) if lead_time_auto else (),
+            activation_value=self.activation_value(now),
             data_age_s=now - newest if newest is not None else 0.0)
         try:
             return assemble_signals(totals)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import numpy as np
@@ -103,3 +104,41 @@ def test_rolling_lead_time_is_an_observed_start_at_or_above_nine_in_ten(starts: 
     assert got in recent
     assert sum(s <= got for s in recent) >= 0.9 * len(recent) - 1e-9
     assert sum(s < got for s in recent) < 0.9 * len(recent)  # the smallest such value: nearest rank
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.floats(0.0, 3600.0, allow_nan=False), max_size=40), st.floats(0.0, 7200.0, allow_nan=False))
+def test_a_pod_still_starting_needs_what_the_longer_starts_took_beyond_its_age(starts: list[float],
+                                                                              elapsed: float) -> None:
+    """``remaining_s`` at age 0 is the lead time itself; a pod past the data keeps a constant residual
+    (memoryless past what was seen), never 0 as if it were arriving now; never negative."""
+    from scaler.lead_time import MIN_SAMPLES, WINDOW, remaining_s, rolling_lead_time
+
+    got = remaining_s(starts, elapsed)
+    recent = sorted(starts[-WINDOW:])
+    assert math.isfinite(got) and got >= 0.0
+    if len(recent) < MIN_SAMPLES:
+        assert got == 0.0
+        return
+    if recent[0] > 0:
+        assert remaining_s(starts, 0.0) == rolling_lead_time(starts)
+    longer = [s for s in recent if s > elapsed]
+    if len(longer) >= MIN_SAMPLES:
+        assert any(math.isclose(elapsed + got, s, rel_tol=1e-12, abs_tol=1e-9) for s in longer)  # an observed start
+    else:
+        assert got == remaining_s(starts, 1e9) == recent[-1] - recent[-MIN_SAMPLES]
+
+
+def test_remaining_start_of_a_lognormal_fleet_at_and_past_the_lead_time() -> None:
+    """Twenty starts of lognormal p50 120 s, p90 240 s: a fresh pod needs the lead time, one at 180 s still
+    needs minutes, one at 475 s (past every start) as long as the tail of the data says, never 0."""
+    from scaler.lead_time import remaining_s, rolling_lead_time
+
+    rng = np.random.default_rng(7)
+    starts = list(rng.lognormal(math.log(120.0), math.log(2.0) / 1.2816, 20))
+    lead = rolling_lead_time(starts)
+    assert lead is not None and remaining_s(starts, 0.0) == lead
+    assert remaining_s(starts, 180.0) > lead - 180.0
+    tail = sorted(starts)[-1] - sorted(starts)[-3]
+    assert remaining_s(starts, 475.0) == remaining_s(starts, 5000.0) == pytest.approx(tail)
+    assert tail > 0

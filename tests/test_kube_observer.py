@@ -60,6 +60,7 @@ def test_view_from_the_recorded_list(api: FakeKubeApi) -> None:
     assert (view.unschedulable_replicas, view.terminating_replicas, view.synced) == (1, 1, True)
     # clean starts: 4xk2p 195 s, 8bq7n 161 s, z8m1k 150 s (terminating now, but its start was clean)
     assert (view.lead_time_samples, view.cold_start_p90_s, view.lead_time_s) == (3, 195.0, 210.0)  # + 15 s lag
+    assert sorted(view.cold_starts_s) == [150.0, 161.0, 195.0]  # the starts themselves, for pods still starting
     assert view.scrape_urls == ("http://10.244.2.31:8000/metrics", "http://10.244.3.17:8000/metrics",
                                 "http://10.244.5.9:8000/metrics")  # the other model's pod is not selected
     sent = api.requests[-1]

@@ -350,3 +350,28 @@ def test_prefix_cache_hits_and_long_contexts_change_what_a_token_costs() -> None
     factor = (1 + 3024 / 500) / (1 + 1024 / 500)
     assert long.terms["decode_cost_factor"] == pytest.approx(factor)
     assert long.terms["served_replicas"] == pytest.approx(2.0 + factor)
+
+
+def test_a_pod_overdue_past_the_lead_time_is_still_on_its_way_not_serving() -> None:
+    """Four ready pods serve a 4-replica demand and 150 replica-seconds wait; a fifth pod has been starting
+    for 400 s against a 180 s lead time (a tail draw). Counted as arriving now it would drain the backlog
+    within the lead time, and the policy would even cancel it. The measured starts say it still needs
+    120 s (the spread of the three longest: memoryless past the data), so the backlog is projected with
+    four pods for that time and more are ordered."""
+    starts = (90.0, 100.0, 110.0, 120.0, 130.0, 140.0, 150.0, 160.0, 170.0, 280.0)
+    now = 1000.0
+    state = PolicyState(starting_since=(now - 400.0,), first_seen=0.0)
+    busy = signals(at=now, prompt_tokens_per_s=40_000.0, requests_running=8.0, requests_waiting=150.0,
+                   ready_replicas=4, starting_replicas=1, waiting_tokens=1_500_000.0, lead_time_s=180.0)
+    cfg = config(prior_rise=0.0, scale_down_delay_s=0.0)
+    blind = decide(busy, state, cfg, now)
+    seen = decide(replace(busy, cold_starts_s=starts), state, cfg, now)
+    assert blind.terms["projected_backlog_replica_s"] == 0.0  # five pods against four of demand: drained
+    assert seen.terms["projected_backlog_replica_s"] == pytest.approx(150.0 - 60.0, rel=0.05)
+    assert blind.desired_replicas == 4 < 5 < seen.desired_replicas
+
+
+def test_signals_refuse_a_cold_start_that_is_not_a_duration() -> None:
+    for bad in (-1.0, math.nan, math.inf):
+        with pytest.raises(ValueError, match="cold_starts_s"):
+            signals(cold_starts_s=(120.0, bad))

@@ -75,6 +75,8 @@ class KubeView:
     lead_time_s: float | None
     cold_start_p90_s: float | None
     lead_time_samples: int
+    cold_starts_s: tuple[float, ...]
+    """The measured cold starts behind ``cold_start_p90_s`` (oldest first): how long pods took."""
     scrape_urls: tuple[str, ...]
     synced: bool
     at: float
@@ -173,7 +175,8 @@ class KubeObserver:
                         stuck_replicas=counts.stuck, unschedulable_replicas=counts.unschedulable,
                         terminating_replicas=counts.terminating,
                         lead_time_s=None if p90 is None else p90 + self.control_lag_s, cold_start_p90_s=p90,
-                        lead_time_samples=len(tracker.samples()), scrape_urls=tuple(urls),
+                        lead_time_samples=len(tracker.samples()),
+                        cold_starts_s=tuple(float(s.total_s) for s in tracker.samples()), scrape_urls=tuple(urls),
                         synced=watcher.healthy(), at=now)
 
     def _ready(self, pods: list[PodState], now: float) -> list[PodState]:
