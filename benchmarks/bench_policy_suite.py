@@ -22,8 +22,10 @@ compare's JSON is kept in ``--out`` (default a temporary directory); ``--reuse``
 there instead of running them again (to re-print or to add policies). ``--baseline DIR`` (a full run's
 ``--out``) runs leadscale alone and reads the recipes and the oracle from DIR: they do not depend on
 leadscale's settings, and the oracle's window simulations are most of the two hours, so a settings
-sweep takes minutes (the baseline must come from the same simulator code). Numbers are from the
-simulator, deterministic for the seed.
+sweep takes minutes (the baseline must come from the same simulator code). ``--leadscale-only``
+runs leadscale alone with no baseline and prints its GPU-hours and p95 TTFT per row (about 4 minutes
+for the whole suite here): a quick screen of a setting, to be judged against a full run's oracle.
+Numbers are from the simulator, deterministic for the seed.
 """
 
 from __future__ import annotations
@@ -71,7 +73,7 @@ def slug(name: str, seed: int) -> str:
 
 
 def run_one(name: str, args: list[str], seed: int, out: Path, meta: list[str], reuse: bool,
-            baseline: Path | None = None) -> dict:
+            baseline: Path | None = None, alone: bool = False) -> dict:
     """One ``leadscale compare`` (or its kept JSON): {policy: summary} or {"error": ...}. With
     ``baseline``, only leadscale runs and every other policy comes from the baseline's kept JSON."""
     path = out / f"{slug(name, seed)}.json"
@@ -84,7 +86,8 @@ def run_one(name: str, args: list[str], seed: int, out: Path, meta: list[str], r
             return {"error": f"--baseline {baseline}: no {kept.name} (run the full suite with --out {baseline} first)"}
         others = {k: v for k, v in json.loads(kept.read_text())["policies"].items() if k != "leadscale"}
     cmd = [sys.executable, "-m", "leadscale", "compare", *args, *FLAGS, "--seed", str(seed),
-           "--policies", "leadscale" if baseline is not None else POLICIES, "--out", str(out / slug(name, seed))]
+           "--policies", "leadscale" if baseline is not None or alone else POLICIES,
+           "--out", str(out / slug(name, seed))]
     for item in meta:
         cmd += ["--leadscale-meta", item]
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
@@ -151,6 +154,23 @@ def row(name: str, runs: list[dict]) -> tuple[str, dict | None]:
     return "| " + " | ".join(cells) + " |", verdict
 
 
+def print_leadscale_alone(workloads: dict, seeds: list[int], results: dict) -> None:
+    """One row per workload: leadscale's GPU-hours and p95 TTFT over the seeds, and whether every seed met the SLO."""
+    print(f"Seeds {', '.join(map(str, seeds))}; leadscale alone; mean over seeds [min–max].\n")
+    print("| workload | leadscale GPU-h | p95 TTFT (s) | SLO met at every seed |")
+    print("|---|---|---|---|")
+    for name in workloads:
+        runs = [results[(name, s)] for s in seeds]
+        errors = [r["error"] for r in runs if "error" in r]
+        if errors:
+            print(f"| {name} | error: {errors[0][:100]} | | |")
+            continue
+        ours = [r["leadscale"] for r in runs]
+        p95 = [s["ttft_p95"] for s in ours if s.get("ttft_p95") is not None]
+        print(f"| {name} | {cell([s['gpu_hours'] for s in ours])} | {cell(p95)} | "
+              f"{'yes' if all(meets(s) for s in ours) else '**no**'} |")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", default="1,2,3", help="comma-separated seeds (default 1,2,3)")
@@ -162,7 +182,11 @@ def main() -> int:
     parser.add_argument("--reuse", action="store_true", help="read compares already kept in --out")
     parser.add_argument("--baseline", type=Path, default=None, metavar="DIR",
                         help="run leadscale alone; read the recipes and the oracle from a full run's --out DIR")
+    parser.add_argument("--leadscale-only", action="store_true",
+                        help="run leadscale alone, no recipes or oracle; print its GPU-hours and p95 per row")
     args = parser.parse_args()
+    if args.leadscale_only and (args.baseline or args.reuse):
+        parser.error("--leadscale-only runs leadscale alone: it takes neither --baseline nor --reuse")
     workloads = dict(SUITE)
     if args.only:
         wanted = [w.strip() for w in args.only.split(",")]
@@ -176,8 +200,12 @@ def main() -> int:
     jobs = [(name, seed) for name in workloads for seed in seeds]
     with ThreadPoolExecutor(max(1, args.jobs)) as pool:
         done = list(pool.map(lambda job: run_one(job[0], workloads[job[0]], job[1], out, args.leadscale_meta,
-                                                 args.reuse, args.baseline), jobs))
+                                                 args.reuse, args.baseline, args.leadscale_only), jobs))
     results = dict(zip(jobs, done, strict=True))
+    if args.leadscale_only:
+        print_leadscale_alone(workloads, seeds, results)
+        print(f"\ncompares: {out}")
+        return 0
     print(f"Seeds {', '.join(map(str, seeds))}; mean over seeds [min–max]. GPU-hours (p95 TTFT).\n")
     print("| workload | leadscale mean replicas | leadscale | waiting-requests | kv-cache | saturation | lower bound "
           "| clairvoyant schedule | leadscale ÷ clairvoyant | leadscale ÷ bound | causally feasible | floors |")

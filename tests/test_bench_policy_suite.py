@@ -42,3 +42,13 @@ def test_baseline_mode_names_the_missing_file(tmp_path):
     suite = _suite()
     result = suite.run_one("small", SMALL, 2, tmp_path, [], reuse=False, baseline=tmp_path / "none")
     assert "error" in result and f"{suite.slug('small', 2)}.json" in result["error"]
+
+
+def test_leadscale_only_runs_no_recipe_and_no_oracle(tmp_path, capsys):
+    suite = _suite()
+    result = suite.run_one("small", SMALL, 1, tmp_path, [], reuse=False, alone=True)
+    assert set(result) == {"leadscale"} and 0 < result["leadscale"]["gpu_hours"] < 10
+    suite.print_leadscale_alone({"small": SMALL}, [1], {("small", 1): result})
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("| small |"))
+    assert f"{result['leadscale']['gpu_hours']:.2f}" in line and line.endswith("| yes |") == suite.meets(
+        result["leadscale"])
