@@ -44,7 +44,7 @@ def _number(value: float) -> str:
 class Settings:
     """One candidate: the policy's tunables and the HPA behavior (defaults: the policy's and the chart's)."""
 
-    headroom_quantile: float = 0.75
+    headroom_quantile: float = 0.9
     """The conformal level of the lead-time headroom (``headroomQuantile``): what ``tune`` searches."""
     target_utilization: float = 1.0
     lead_time_scale: float = 1.0
@@ -55,8 +55,12 @@ class Settings:
     scale_up_pods: int = 4
     """HPA scaleUp: at most max(+this many pods, +100 %) per 15 s."""
     scale_down_pods: int = 1
-    scale_down_period_s: int = 60
-    """HPA scaleDown: at most ``scale_down_pods`` pods removed per this many seconds."""
+    scale_down_period_s: int = 15
+    """HPA scaleDown: at most ``scale_down_pods`` pods removed per this many seconds ..."""
+    scale_down_percent: int = 100
+    """... or this percentage of the fleet in the same period, whichever is more (``selectPolicy: Max``); 0
+    leaves the pods limit alone. The default, 100 % per 15 s, is Kubernetes' own rate and the chart's: the
+    policy sizes each removal, and a pods-only limit does not scale with the fleet (docs/autoscaling.md)."""
     scale_down_window_s: int = 60
     """HPA scaleDown stabilization window (on top of the policy's own ``scale_down_delay_s``)."""
     tolerance: float = 0.01
@@ -66,7 +70,8 @@ class Settings:
         checks = (("headroom_quantile", 0.01, 0.99), ("target_utilization", 0.0, 1.0), ("lead_time_scale", 0.0, 10.0),
                   ("backlog_drain_s", 1e-9, 1e6),
                   ("scale_down_delay_s", 0.0, 7 * 86400.0), ("scale_up_pods", 1, 1000), ("scale_down_pods", 1, 1000),
-                  ("scale_down_period_s", 1, 1800), ("scale_down_window_s", 0, 3600), ("tolerance", 0.0, 0.99))
+                  ("scale_down_period_s", 1, 1800), ("scale_down_percent", 0, 100), ("scale_down_window_s", 0, 3600),
+                  ("tolerance", 0.0, 0.99))
         for name, low, high in checks:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not (low <= value <= high):
@@ -98,9 +103,14 @@ class Settings:
                 {"type": "Pods", "value": self.scale_up_pods, "periodSeconds": SCALE_UP_PERIOD_S}]},
             "scaleDown": {"stabilizationWindowSeconds": self.scale_down_window_s, "selectPolicy": "Max",
                           "tolerance": tolerance, "policies": [
-                              {"type": "Pods", "value": self.scale_down_pods,
-                               "periodSeconds": self.scale_down_period_s}]},
+                              {"type": kind, "value": value, "periodSeconds": self.scale_down_period_s}
+                              for kind, value in self._scale_down_limits()]},
         }
+
+    def _scale_down_limits(self) -> list[tuple[str, int]]:
+        """(policy type, value) of the scale-down policies: the percentage (when set) and the pods."""
+        percent = [("Percent", self.scale_down_percent)] if self.scale_down_percent > 0 else []
+        return [*percent, ("Pods", self.scale_down_pods)]
 
     def control(self, min_replicas: int, max_replicas: int) -> Any:
         """The simulator's KEDA/HPA config for this behavior (``simulator.control``)."""
@@ -109,8 +119,8 @@ class Settings:
         up = ScalingRules(0.0, (ScalingPolicy("Percent", 100, SCALE_UP_PERIOD_S),
                                 ScalingPolicy("Pods", self.scale_up_pods, SCALE_UP_PERIOD_S)), "Max", self.tolerance)
         down = ScalingRules(float(self.scale_down_window_s),
-                            (ScalingPolicy("Pods", self.scale_down_pods, float(self.scale_down_period_s)),), "Max",
-                            self.tolerance)
+                            tuple(ScalingPolicy(kind, value, float(self.scale_down_period_s))
+                                  for kind, value in self._scale_down_limits()), "Max", self.tolerance)
         return ControlConfig(min_replicas=min_replicas, max_replicas=max_replicas, scale_up=up, scale_down=down)
 
     def policy(self, profile: str, slo_ttft_s: float, min_replicas: int, max_replicas: int) -> Any:

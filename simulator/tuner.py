@@ -208,6 +208,7 @@ def search_space() -> dict[str, tuple[float, float, float]]:
         "scale_up_pods": (1, 10, 1),
         "scale_down_pods": (1, 4, 1),
         "scale_down_period_s": (15, 120, 15),
+        "scale_down_percent": (0, 100, 10),
         "scale_down_window_s": (0, 300, 15),
     }
 

@@ -25,7 +25,8 @@ from simulator.manifests import DEFAULT_SETTINGS, Settings
 
 CHART = ROOT / "charts" / "leadscale"
 TUNED = Settings(target_utilization=0.67, lead_time_scale=1.3, backlog_drain_s=15.0, scale_down_delay_s=75.0,
-                 scale_up_pods=7, scale_down_pods=3, scale_down_period_s=75, scale_down_window_s=30)
+                 scale_up_pods=7, scale_down_pods=3, scale_down_period_s=75, scale_down_percent=0,
+                 scale_down_window_s=30)
 COMMON: dict[str, Any] = dict(model="llama3-8b", profile="a100-llama3-8b", slo_ttft_s=2.0, target="vllm-llama3",
                               min_replicas=1, max_replicas=12)
 
@@ -55,8 +56,10 @@ def test_scaledobject_validates_against_kedas_crd(tuned: Settings) -> None:
     assert trigger["metadata"]["scalerAddress"] == manifests.DEFAULT_SCALER_ADDRESS
     behavior = doc["spec"]["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]
     assert behavior["scaleDown"]["stabilizationWindowSeconds"] == tuned.scale_down_window_s
-    assert behavior["scaleDown"]["policies"] == [{"type": "Pods", "value": tuned.scale_down_pods,
-                                                  "periodSeconds": tuned.scale_down_period_s}]
+    pods = {"type": "Pods", "value": tuned.scale_down_pods, "periodSeconds": tuned.scale_down_period_s}
+    percent = {"type": "Percent", "value": tuned.scale_down_percent, "periodSeconds": tuned.scale_down_period_s}
+    assert behavior["scaleDown"]["policies"] == ([percent, pods] if tuned.scale_down_percent else [pods])
+    assert behavior["scaleDown"]["selectPolicy"] == "Max"  # the more permissive limit wins
     assert {"type": "Pods", "value": tuned.scale_up_pods, "periodSeconds": 15} in behavior["scaleUp"]["policies"]
 
 
@@ -139,3 +142,24 @@ def test_every_policy_field_written_has_a_metadata_key() -> None:
     assert manifests.metadata_key("scale_down_delay_s") == "scaleDownDelay"
     with pytest.raises(KeyError, match="no_such_field"):
         manifests.metadata_key("no_such_field")
+
+
+def test_the_untuned_defaults_scale_down_as_the_chart_does() -> None:
+    """Trial 0 of every tune is what ``helm install`` gives: for any fleet, the default settings let the HPA
+    remove as many pods per period as the chart's example ScaledObject does, after the same window."""
+    import dataclasses
+    import math
+
+    from scaler.policy import PolicyConfig
+    from simulator.policies import CHART_SCALE_DOWN
+
+    ours = DEFAULT_SETTINGS.control(1, 500).scale_down
+
+    def allowed(rules: Any, pods: int) -> int:
+        return max(p.value if p.type == "Pods" else math.ceil(pods * p.value / 100) for p in rules.policies)
+
+    assert ours.stabilization_window_s == CHART_SCALE_DOWN.stabilization_window_s
+    assert {p.period_s for p in ours.policies} == {p.period_s for p in CHART_SCALE_DOWN.policies}
+    assert all(allowed(ours, n) == allowed(CHART_SCALE_DOWN, n) for n in range(1, 500))
+    policy_default = next(f.default for f in dataclasses.fields(PolicyConfig) if f.name == "headroom_quantile")
+    assert DEFAULT_SETTINGS.headroom_quantile == policy_default  # the policy's own default
