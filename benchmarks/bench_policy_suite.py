@@ -95,7 +95,8 @@ def run_one(name: str, args: list[str], seed: int, out: Path, meta: list[str], r
         return {"error": done.stderr.strip()[-500:]}
     result = json.loads(done.stdout)
     result["policies"] = {**others, **result["policies"]}
-    path.write_text(json.dumps(result))
+    if not alone:  # a leadscale-only result kept here would later be --reuse'd as a full row
+        path.write_text(json.dumps(result))
     return result["policies"]
 
 

