@@ -263,7 +263,7 @@ class Engine:
             self._route(rid, now, fleet)
 
     def _route(self, rid: int, now: float, fleet: Fleet) -> None:
-        rep = self.router.pick(fleet.routable, rid)
+        rep = self.router.pick(fleet.routable, rid, now)
         self._schedule_replica(rep, rep.enqueue(rid, now))
 
     def _arrive(self, rid: int, now: float, fleet: Fleet) -> None:
@@ -334,7 +334,7 @@ class Engine:
                 self.now = last = t_arr
                 fleet = default if split is None else split(nxt, t_arr)
                 if plain and fleet.routable and not fleet.gateway and nxt not in too_long:  # the common case
-                    rep = pick(fleet.routable, nxt)
+                    rep = pick(fleet.routable, nxt, t_arr)
                     t_next = rep.enqueue(nxt, t_arr)
                     if t_next is not None:
                         rep.version += 1

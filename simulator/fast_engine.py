@@ -1,6 +1,6 @@
 """``engine.simulate`` for a fixed fleet, compiled: the same event loop over ``fast_replica``'s step rules.
 
-What it covers: a fixed fleet serving from time 0 (``simulate``), routed least-outstanding-tokens or
+What it covers: a fixed fleet serving from time 0 (``simulate``), routed least-tokens (``router.py``) or
 round-robin, with or without the gateway's 429 limit, on a workload without prefix blocks. Anything
 else (prefix caching, the random router, the autoscaling layer's hooks) runs in ``engine.Engine``,
 the reference; ``supports`` says which. Both give bit-identical results for the same inputs
@@ -169,11 +169,13 @@ def run_loop(q: Fleet, L: Log, h: Itl, hp: Heap, G: np.ndarray, Gf: np.ndarray, 
             if round_robin:
                 G[TURN] += 1
                 rep = (G[TURN] - 1) % R
-            else:  # least outstanding tokens, the first of equals
+            else:  # least tokens as the gateway sees them (router.py), the first of equals
                 rep = 0
+                best = fr.gateway_tokens(q, 0, t_arr) if R > 1 else 0
                 for r in range(1, R):
-                    if q.iv[r, fr.OUTST] < q.iv[rep, fr.OUTST]:
-                        rep = r
+                    load = fr.gateway_tokens(q, r, t_arr)
+                    if load < best:
+                        rep, best = r, load
             t_next = fr.enqueue(q, L, h, rep, nxt, t_arr)
             if t_next != fr.NONE:
                 q.iv[rep, VERSION] += 1

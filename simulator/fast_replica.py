@@ -531,6 +531,7 @@ def complete_step(q: Fleet, L: Log, h: Itl, r: int) -> None:
     S[NEW, :n] = 0
     iv[r, COMP_SUM] += iv[r, NEW_SUM]
     iv[r, NEW_SUM] = 0
+    iv[r, OUTST] += count
     if decodes:
         add_run(h, fv[r, STEP_S], 0.0, 1, float(decodes))
     finish_done(q, L, r, end)
@@ -593,7 +594,7 @@ def enqueue(q: Fleet, L: Log, h: Itl, r: int, rid: int, now: float) -> float:
     wait_append(q, L, r, rid)
     iv[r, WTOK] += L.inp[rid - L.off[0]] + L.gen[rid - L.off[0]]
     L.repl[rid - L.off[0]] = r
-    iv[r, OUTST] += L.tok[rid - L.off[0]]
+    iv[r, OUTST] += L.inp[rid - L.off[0]] + L.gen[rid - L.off[0]]
     if not iv[r, BUSY]:
         fv[r, CLOCK] = max(fv[r, CLOCK], now)
         return plan(q, L, h, r)
@@ -620,6 +621,16 @@ def on_event(q: Fleet, L: Log, h: Itl, r: int, now: float) -> float:
     q.iv[r, BUSY] = 0
     q.fv[r, CLOCK] = now
     return plan(q, L, h, r)
+
+
+@njit(cache=True)
+def gateway_tokens(q: Fleet, r: int, now: float) -> int:
+    """``Replica.gateway_tokens``: prompt + streamed tokens held, a lazy decode run's steps over by ``now`` added."""
+    iv, fv = q.iv, q.fv
+    if not iv[r, RUN_ON] or now <= fv[r, RUN_START]:
+        return iv[r, OUTST]
+    done = min(steps_within(fv[r, RUN_FIRST], fv[r, RUN_GROWTH], now - fv[r, RUN_START]), iv[r, RUN_K])
+    return iv[r, OUTST] + iv[r, N] * max(done - iv[r, RUN_DONE], 0)
 
 
 @njit(cache=True)
@@ -719,6 +730,7 @@ def apply_run(q: Fleet, L: Log, h: Itl, r: int, j: int) -> None:
         add_run(h, fv[r, RUN_FIRST] + fv[r, RUN_GROWTH] * iv[r, RUN_DONE], fv[r, RUN_GROWTH], j, float(n))
         iv[r, SHIFT] += j
         iv[r, COMP_SUM] += n * j
+        iv[r, OUTST] += n * j
         iv[r, RUN_DONE] += j
     if iv[r, RUN_DONE] == iv[r, RUN_K]:
         iv[r, RUN_ON] = iv[r, BUSY] = 0

@@ -74,7 +74,7 @@ class Replica(SchedulerState):
         self.waiting.append(rid)
         self.waiting_tokens += log.input_l[rid] + int(log.generated[rid])
         log.replica[rid] = self.id
-        self.outstanding_tokens += log.tokens_l[rid]
+        self.outstanding_tokens += log.input_l[rid] + int(log.generated[rid])  # what a gateway has seen of it
         if self.busy_until is None:
             self.clock = max(self.clock, now)
             return self._plan()
@@ -99,6 +99,19 @@ class Replica(SchedulerState):
         self.busy_until = None
         self.clock = now
         return self._plan()
+
+    def gateway_tokens(self, now: float) -> int:
+        """What a token-aware gateway counts held here at ``now``: prompts + tokens streamed back so far.
+
+        ``outstanding_tokens`` holds them up to the last step applied; a decode run applies its steps
+        lazily, so the steps of the run in progress already over at ``now`` (one token per running
+        request each) are added here without applying them (reading must not change the run).
+        """
+        run = self.run
+        if run is None or now <= self.run_start:
+            return self.outstanding_tokens
+        done = min(run.steps_within(now - self.run_start), self.run_k)
+        return self.outstanding_tokens + self.n * max(done - self.run_done, 0)
 
     def sync(self, now: float) -> None:
         """Apply the steps of a decode run already over at ``now`` (for an exact metrics read)."""
@@ -215,6 +228,7 @@ class Replica(SchedulerState):
             self.shift += j  # every running request: j more tokens (NTOK, COMP, LEFT)
             self.comp_sum += n * j
             self.counters["generation_tokens_total"] += n * j
+            self.outstanding_tokens += n * j
             self.run_done += j
         if self.run_done == self.run_k:
             self.run = self.busy_until = None

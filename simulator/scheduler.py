@@ -65,7 +65,7 @@ class SchedulerState:
         self.fast, self.n_running, self._adm_attn = True, 0, 0.0  # how the step in progress was scheduled
         self.waiting: deque[int] = deque()
         self.waiting_tokens = 0  # prompt (+ generated, when preempted) tokens of ``waiting``: a gateway's limit
-        self.outstanding_tokens = 0
+        self.outstanding_tokens = 0  # prompt + generated tokens of held requests (``Replica.gateway_tokens``)
         self.prefix: PrefixCache | None = None
         if prefix is not None:
             self._block_ids, self._block_offsets, block_tokens = prefix
@@ -328,6 +328,7 @@ class SchedulerState:
         self.comp_sum += self.new_sum
         self.new_sum = 0
         self.counters["generation_tokens_total"] += count
+        self.outstanding_tokens += count  # streamed back: the gateway sees them
         if decodes:
             self.itl.add(self.step_s, float(decodes))
         if first:

@@ -20,6 +20,9 @@ class FakeReplica:
     outstanding_tokens: int = 0
     prefix: PrefixCache = field(default_factory=lambda: PrefixCache(1000, 512, 16))
 
+    def gateway_tokens(self, now: float) -> int:
+        return self.outstanding_tokens
+
 
 def families(n_req: int, n_fam: int, shared: int, gap_s: float = 5.0, seed: int = 0) -> Workload:
     """Requests of ``n_fam`` families: ``shared`` common 512-token blocks + one block of their own."""
@@ -80,3 +83,36 @@ def test_concurrent_requests_share_prefix_blocks_in_kv_usage() -> None:
     assert rep.prefix is not None and rep.prefix.shared_kv == shared * 32
     assert rep.used_blocks() == per_request - shared * 32
     assert rep.metrics(3.0).kv_cache_usage_perc == pytest.approx(rep.used_blocks() / rep.total_blocks)
+
+
+@pytest.mark.parametrize("engine", ["python", "compiled"])
+def test_least_tokens_does_not_see_true_output_lengths(engine: str) -> None:
+    """A gateway knows prompts and the tokens streamed so far, never a request's future output length.
+
+    Request 0 (100-token prompt, 4000 tokens to come) and request 1 (300-token prompt, 50 to come) take
+    one replica each; request 2 arrives 50 ms later. Counting true outputs would call replica 0 the busy
+    one (4100 vs 350 tokens); what a gateway sees is ~100 + a few vs ~300 + a few: replica 0.
+    """
+    w = Workload(np.array([0.0, 0.0, 0.05]), np.array([100, 300, 10]), np.array([4000, 50, 5]))
+    res = simulate(w, get_profile("h100-llama3-8b"), replicas=2, router="least-tokens", engine=engine)
+    assert res.log.replica.tolist() == [0, 1, 0]
+
+
+def test_gateway_tokens_count_prompts_and_streamed_tokens_mid_decode_run() -> None:
+    """During a lazily applied decode run the count includes the steps already over (as ``sync`` applies)."""
+    rng = np.random.default_rng(5)
+    n = 40
+    w = Workload(np.sort(rng.uniform(0, 2.0, n)), rng.integers(50, 3000, n), rng.integers(200, 2000, n))
+    engine = Engine(w, get_profile("h100-llama3-8b"), EngineConfig(router="least-tokens"), initial_replicas=2)
+    engine.run(until=3.0)
+    for rep in engine.fleet.replicas.values():
+        assert rep.run is not None and rep.run_done < rep.run.steps_within(3.0 - rep.run_start)  # lazily behind
+        seen = rep.gateway_tokens(3.0)
+        rep.sync(3.0)
+        assert seen == rep.outstanding_tokens == rep.gateway_tokens(3.0)
+        log, S = engine.log, rep.S
+        running = S[0, : rep.n]
+        waiting = np.array(list(rep.waiting), np.int64)
+        prompts = int(log.input_tokens[running].sum() + log.input_tokens[waiting].sum())
+        streamed = int((S[1, : rep.n] - log.input_tokens[running]).sum() + log.generated[waiting].sum())
+        assert seen == prompts + streamed

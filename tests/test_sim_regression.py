@@ -88,15 +88,16 @@ CASES: dict[str, Callable[[], tuple[str, dict[str, Any]]]] = {
     "autoscaled-waiting-requests": lambda: _autoscaled("waiting-requests"),
 }
 
-# name -> (digest of the per-request columns or TTFTs, pinned summary values); computed before issue 15
+# name -> (digest of the per-request columns or TTFTs, pinned summary values); computed before issue 15,
+# re-pinned by issue 12 where a change of the model moved them (see that commit's message)
 PINNED: dict[str, tuple[str, dict[str, Any]]] = {
-    'poisson-30-2rep': ('453c530634b809e1', {
-        'completed': 3602, 'preemptions': 0, 'ttft_p99': 0.16629690538702066, 'itl_p50': 0.013883533099290456,
-        'kv_usage_max': 0.26060865837976854, 'duration_s': 134.97849111165525,
+    'poisson-30-2rep': ('4c8badcca8e40ff5', {
+        'completed': 3602, 'preemptions': 0, 'ttft_p99': 0.17104215394507466, 'itl_p50': 0.013883533099290456,
+        'kv_usage_max': 0.26489498499785685, 'duration_s': 134.9420367111554,
     }),
-    'poisson-100-10rep': ('53e83e46caa90961', {
-        'completed': 5986, 'preemptions': 0, 'ttft_p99': 0.12673150784089876, 'itl_p50': 0.010292005271944286,
-        'kv_usage_max': 0.097621088726961, 'duration_s': 74.63179166912218,
+    'poisson-100-10rep': ('2f4d1878848b2df8', {
+        'completed': 5986, 'preemptions': 0, 'ttft_p99': 0.13087097291779887, 'itl_p50': 0.010292005271944286,
+        'kv_usage_max': 0.09490641520217175, 'duration_s': 74.77534798852899,
     }),
     'overload-preempt-a100': ('ca14c7e5680890c3', {
         'completed': 1249, 'preemptions': 0, 'ttft_p99': 55.679535106429356, 'itl_p50': 0.1747833262418219,
@@ -114,9 +115,9 @@ PINNED: dict[str, tuple[str, dict[str, Any]]] = {
         'completed': 1555, 'preemptions': 29, 'ttft_p99': 1.3346119024572836, 'itl_p50': 0.05922430868761305,
         'kv_usage_max': 0.9997856836690956, 'duration_s': 86.0557026701654,
     }),
-    'mooncake-prefix': ('1ec3124f9bc002a7', {
-        'completed': 2251, 'preemptions': 0, 'ttft_p99': 4.124327258544554, 'itl_p50': 0.01017419366180605,
-        'kv_usage_max': 0.4072724674953565, 'duration_s': 604.8997820038899,
+    'mooncake-prefix': ('aa58a6d2ba8926eb', {
+        'completed': 2251, 'preemptions': 0, 'ttft_p99': 4.359494225800191, 'itl_p50': 0.010057730630017381,
+        'kv_usage_max': 0.37130304329189884, 'duration_s': 604.8677530390006,
     }),
     'mooncake-prefix-preempt': ('df22dc83d2c1a1a2', {
         'completed': 2251, 'preemptions': 875, 'ttft_p99': 1071.2837349472072, 'itl_p50': 0.2526387710131898,
@@ -126,15 +127,15 @@ PINNED: dict[str, tuple[str, dict[str, Any]]] = {
         'completed': 4822, 'preemptions': 161, 'ttft_p99': 172.8569888280549, 'itl_p50': 0.06878599123088075,
         'kv_usage_max': 0.9996428061151593, 'duration_s': 261.0063732826157,
     }),
-    'bursty-preempt-2rep': ('6858787dd06a585a', {
-        'completed': 5055, 'preemptions': 106, 'ttft_p99': 21.565918178254172, 'itl_p50': 0.04926063433495773,
-        'kv_usage_max': 0.9998928418345477, 'duration_s': 157.86273425916093,
+    'bursty-preempt-2rep': ('f658c206a8efe89a', {
+        'completed': 5055, 'preemptions': 122, 'ttft_p99': 22.73951621177179, 'itl_p50': 0.050991759757487015,
+        'kv_usage_max': 0.9999285612230319, 'duration_s': 157.824703978265,
     }),
-    'autoscaled-leadscale': ('c125a3fcd3962c08', {
-        'gpu_hours': 0.41687847315525783, 'ttft_p95': 0.21541775643913744, 'slo_attainment': 0.9998197711093089,
+    'autoscaled-leadscale': ('d3df477016249f69', {
+        'gpu_hours': 0.4168786159172359, 'ttft_p95': 0.21283026235065464, 'slo_attainment': 0.9998197711093089,
     }),
-    'autoscaled-waiting-requests': ('cf723521afc784e4', {
-        'gpu_hours': 1.0640987910882624, 'ttft_p95': 2.581148868485544, 'slo_attainment': 0.92502478147247,
+    'autoscaled-waiting-requests': ('933263c2433f3575', {
+        'gpu_hours': 1.063822529317293, 'ttft_p95': 2.581148868485544, 'slo_attainment': 0.92502478147247,
     }),
 }
 
