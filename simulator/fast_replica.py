@@ -11,7 +11,9 @@ State lives in a few arrays (no Python object per request or replica): per repli
 ``ID, NTOK, COMP, LEFT, NEW`` as in ``scheduler``), ``lefts[r, :n]`` (stored LEFT values, sorted), the
 integer fields ``iv[r, ...]`` and float fields ``fv[r, ...]`` named below; each replica's ``waiting`` deque
 is a linked list through the requests (``Log.nextw``), since a request waits in at most one queue.
-Left out here (the Python engine does them): prefix caching, vLLM's metric counters and histograms.
+Prefix caching is modelled as far as a workload without prefix blocks needs it: a preempted request's
+own full blocks stay cached (``park``) and are re-hit on its resume (``PrefixCache.park``/``resume_tokens``).
+Left out here (the Python engine does them): trace prefix blocks, vLLM's metric counters and histograms.
 """
 
 from __future__ import annotations
@@ -28,7 +30,10 @@ from simulator.results import FINISHED
 ID, NTOK, COMP, LEFT, NEW = range(5)
 # integer fields of iv[r]
 (N, SHIFT, COMP_SUM, NEW_SUM, FRESH, N_RUNNING, ADM_CACHED, WTOK, OUTST, RUN_K, RUN_DONE, RUN_FIN, VERSION,
- ALL_DEC, FAST, RUN_ON, BUSY, WHEAD, WTAIL, WLEN, N_INT) = range(21)
+ ALL_DEC, FAST, RUN_ON, BUSY, WHEAD, WTAIL, WLEN, PHEAD, PTAIL, PKV, HCACHED, N_INT) = range(25)
+# PHEAD/PTAIL/PKV: the preempted requests whose own blocks stay cached (``PrefixCache.park``), least recently
+# parked first, a doubly linked list through ``Log.nextp``/``prevp``, and their KV blocks; HCACHED: the cached
+# tokens of the waiting head that ``head_tokens`` last looked at
 # float fields of fv[r]
 CLOCK, BUSY_UNTIL, RUN_START, RUN_FIRST, RUN_GROWTH, STEP_S, ADM_ATTN, N_FLOAT = range(8)
 # the step-time model's coefficients (LinearStepTime, in its field order)
@@ -59,6 +64,9 @@ class Log(NamedTuple):
     repl: np.ndarray
     status: np.ndarray
     nextw: np.ndarray  # the next request in the same waiting queue
+    park: np.ndarray  # KV blocks a preempted request left cached and not evicted (0: none)
+    nextp: np.ndarray  # the next / previous request in the same replica's parked list
+    prevp: np.ndarray
     off: np.ndarray  # (1,): the request id of row 0 (a streamed run keeps a window of requests, not all)
 
 
@@ -90,7 +98,7 @@ def new_fleet(replicas: int, profile: object, now: float = 0.0) -> Fleet:
     st = p.step_time  # type: ignore[attr-defined]
     iv = np.zeros((replicas, N_INT), np.int64)
     iv[:, ALL_DEC] = iv[:, FAST] = 1
-    iv[:, WHEAD] = iv[:, WTAIL] = -1
+    iv[:, WHEAD] = iv[:, WTAIL] = iv[:, PHEAD] = iv[:, PTAIL] = -1
     fv = np.zeros((replicas, N_FLOAT), np.float64)
     fv[:, CLOCK] = now
     model = np.array([st.overhead_s, st.floor_s, st.intercept_s, st.per_token_s, st.per_seq_s,
@@ -276,14 +284,75 @@ def used_bound(q: Fleet, r: int) -> float:
 
 @njit(cache=True)
 def head_tokens(q: Fleet, L: Log, r: int, budget: int, now: float) -> int:
-    """``SchedulerState._head_tokens``: the scheduled tokens of the waiting head (cached: 0), or -1."""
+    """``SchedulerState._head_tokens``: the scheduled tokens of the waiting head (its cached ones in
+    ``iv[r, HCACHED]``), or -1."""
     if q.iv[r, WLEN] == 0 or budget <= 0 or q.iv[r, N] >= q.cfg[3]:
         return -1
     rid = q.iv[r, WHEAD]
     if L.arrival[rid - L.off[0]] > now:
         return -1
     ntok = L.inp[rid - L.off[0]] + L.gen[rid - L.off[0]]
-    return ntok if ntok < budget else budget
+    q.iv[r, HCACHED] = 0
+    if L.park[rid - L.off[0]] == 0:
+        return ntok if ntok < budget else budget
+    trim_cache(q, L, r)
+    bs = q.cfg[0]
+    cached = max(min(L.park[rid - L.off[0]] * bs, ntok - 1), 0)  # PrefixCache.resume_tokens
+    cached -= cached % bs
+    q.iv[r, HCACHED] = cached
+    return min(ntok - cached, budget)
+
+
+@njit(cache=True)
+def trim_cache(q: Fleet, L: Log, r: int) -> None:
+    """``SchedulerState._trim_cache``: evict parked blocks that no longer fit beside the blocks held."""
+    iv = q.iv
+    if iv[r, PKV] and iv[r, PKV] + used_bound(q, r) > q.cfg[1]:
+        room = q.cfg[1] - used_blocks(q, r)
+        while iv[r, PKV] > room and iv[r, PHEAD] != -1:  # PrefixCache.trim / _evict_front
+            rid = iv[r, PHEAD]
+            kv, excess = L.park[rid - L.off[0]], iv[r, PKV] - room
+            if kv > excess:
+                L.park[rid - L.off[0]] = kv - excess
+                iv[r, PKV] -= excess
+            else:
+                unpark(q, L, r, rid)
+
+
+@njit(cache=True)
+def park(q: Fleet, L: Log, r: int, rid: int, kv: int) -> None:
+    """``PrefixCache.park``: preempted ``rid``'s ``kv`` own full blocks stay cached, most recently freed last."""
+    if kv <= 0:
+        return
+    unpark(q, L, r, rid)
+    i, tail = rid - L.off[0], q.iv[r, PTAIL]
+    L.park[i], L.nextp[i], L.prevp[i] = kv, -1, tail
+    if tail == -1:
+        q.iv[r, PHEAD] = rid
+    else:
+        L.nextp[tail - L.off[0]] = rid
+    q.iv[r, PTAIL] = rid
+    q.iv[r, PKV] += kv
+
+
+@njit(cache=True)
+def unpark(q: Fleet, L: Log, r: int, rid: int) -> None:
+    """``PrefixCache.unpark``: ``rid``'s parked blocks leave the list (held again, evicted, or useless)."""
+    i = rid - L.off[0]
+    kv = L.park[i]
+    if kv == 0:
+        return
+    nxt, prv = L.nextp[i], L.prevp[i]
+    if prv == -1:
+        q.iv[r, PHEAD] = nxt
+    else:
+        L.nextp[prv - L.off[0]] = nxt
+    if nxt == -1:
+        q.iv[r, PTAIL] = prv
+    else:
+        L.prevp[nxt - L.off[0]] = prv
+    L.park[i] = 0
+    q.iv[r, PKV] -= kv
 
 
 @njit(cache=True, inline="always")
@@ -353,6 +422,7 @@ def start_step(q: Fleet, L: Log, r: int) -> float:
             iv[r, N_RUNNING] = iv[r, N]
     if not preempted:
         admit(q, L, r, budget - iv[r, NEW_SUM], have_free, free)
+    trim_cache(q, L, r)
     n = iv[r, N]
     if n == 0:
         iv[r, BUSY] = 0
@@ -450,6 +520,7 @@ def preempt(q: Fleet, L: Log, r: int, j: int) -> int:
     iv[r, WTOK] += S[NTOK, j] + sh
     iv[r, N] = n - 1
     iv[r, COMP_SUM] -= comp
+    park(q, L, r, rid, comp // q.cfg[0])
     return -(-comp // q.cfg[0])
 
 
@@ -464,7 +535,8 @@ def admit(q: Fleet, L: Log, r: int, budget: int, have_free: bool, free: int) -> 
         nt = head_tokens(q, L, r, budget, now)
         if nt < 0:
             break
-        want = -(-nt // bs)
+        cached = iv[r, HCACHED]
+        want = -(-(cached + nt) // bs)
         if not have_free and bound + want > blocks:
             have_free, free = True, blocks - used_blocks(q, r)
         if have_free:
@@ -475,13 +547,17 @@ def admit(q: Fleet, L: Log, r: int, budget: int, have_free: bool, free: int) -> 
         rid = wait_popleft(q, L, r)
         ntok = L.inp[rid - L.off[0]] + L.gen[rid - L.off[0]]
         iv[r, WTOK] -= ntok
+        if iv[r, PKV]:
+            unpark(q, L, r, rid)
         left = ntok - L.tok[rid - L.off[0]] - sh
         n = iv[r, N]
-        S[ID, n], S[NTOK, n], S[COMP, n], S[LEFT, n], S[NEW, n] = rid, ntok - sh, -sh, left, nt
+        S[ID, n], S[NTOK, n], S[COMP, n], S[LEFT, n], S[NEW, n] = rid, ntok - sh, cached - sh, left, nt
         insort(q, r, n, left)
         iv[r, N] = n + 1
+        iv[r, COMP_SUM] += cached
+        iv[r, ADM_CACHED] += cached
         iv[r, NEW_SUM] += nt
-        fv[r, ADM_ATTN] += nt * (0 + nt / 2.0)
+        fv[r, ADM_ATTN] += nt * (cached + nt / 2.0)
         budget -= nt
         if L.first_sched[rid - L.off[0]] != L.first_sched[rid - L.off[0]]:
             L.first_sched[rid - L.off[0]] = now
@@ -672,7 +748,7 @@ def plan_run(q: Fleet, L: Log, r: int) -> float:
     if iv[r, WLEN]:
         nt = head_tokens(q, L, r, budget - n, fv[r, CLOCK])
         if nt >= 0:
-            want = -(-nt // bs)
+            want = -(-(iv[r, HCACHED] + nt) // bs)
             if (iv[r, COMP_SUM] + n) / bs + n + want <= blocks:
                 return NONE
             held = 0
@@ -735,6 +811,7 @@ def apply_run(q: Fleet, L: Log, h: Itl, r: int, j: int) -> None:
     if iv[r, RUN_DONE] == iv[r, RUN_K]:
         iv[r, RUN_ON] = iv[r, BUSY] = 0
         iv[r, NEW_SUM] = 0
+        trim_cache(q, L, r)
         if iv[r, RUN_K] == iv[r, RUN_FIN]:
             finish_done(q, L, r, fv[r, RUN_START] + run_total(fv[r, RUN_FIRST], fv[r, RUN_GROWTH], iv[r, RUN_K]))
 

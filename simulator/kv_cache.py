@@ -15,10 +15,17 @@ block hashes). ``PrefixCache`` tracks them the way vLLM tracks its hashed blocks
 - when a prompt is prefilled its full blocks become cacheable; when a request finishes or is preempted,
   blocks nobody else holds go to the *free* queue but stay cached (tail blocks first, as vLLM frees in
   reverse order), and are evicted least recently used only when an allocation needs the room
-  (``trim``: the free cached blocks never exceed the KV blocks not held by running requests).
+  (``trim``: the free cached blocks never exceed the KV blocks not held by running requests);
+- a *preempted* request's own full KV blocks past its trace blocks (the rest of its prompt, the tokens
+  it generated) are cached too, as vLLM hashes every full block of a request: ``park`` puts them in the
+  free queue as one entry of that many KV blocks, ahead of its trace blocks (freed tail first, so evicted
+  first, partly from its tail when an allocation needs only part of them). On resume its lookup
+  continues past its trace blocks into what is left of them, and the request takes them back
+  (``acquire``); nobody else can hit them (their content is the request's own). A workload without
+  trace blocks keeps only such entries (``SchedulerState.cache``: vLLM's prefix caching is on by default).
 Left out: blocks become cacheable when the prompt is fully prefilled (vLLM: after each chunk); a block
 recomputed while an equal one is cached is kept private (not deduplicated); output-token blocks are
-never reused (trace ids describe prompts only).
+never reused by another request (trace ids describe prompts only), only by their own after a preemption.
 """
 
 from __future__ import annotations
@@ -44,11 +51,13 @@ class PrefixCache:
         self.block_tokens = block_tokens
         self.kv_block_size = kv_block_size
         self.kv_per_block = max(block_tokens // kv_block_size, 1)
-        self._free: OrderedDict[int, None] = OrderedDict()  # cached, held by nobody; LRU first
+        self._free: OrderedDict[int, int] = OrderedDict()  # cached, held by nobody, LRU first: id -> KV blocks
+        self._free_kv = 0  # KV blocks of ``_free`` (a trace block: kv_per_block; a parked request: its own)
         self._refs: dict[int, int] = {}  # cached and held by running requests: reference counts
         self._held: dict[int, list[int]] = {}  # request id -> the blocks it holds references on
         self.shared_kv = 0  # KV blocks saved by sharing: kv_per_block * sum(refs - 1)
         self.peek_shared_kv = 0  # of the last lookup's hit: KV blocks already held by running requests
+        self.peek_hits = 0  # of the last lookup: leading trace blocks hit (the rest of a hit is parked blocks)
         self.query_tokens = 0
         self.hit_tokens = 0
 
@@ -58,13 +67,39 @@ class PrefixCache:
     @property
     def free_cached_kv(self) -> int:
         """KV blocks of cached blocks that nobody holds (free in vLLM's sense, reusable until evicted)."""
-        return len(self._free) * self.kv_per_block
+        return self._free_kv
 
-    def lookup(self, block_ids: np.ndarray, num_tokens: int, touch: bool = True) -> int:
+    def parked(self, owner: int) -> int:
+        """KV blocks request ``owner`` left cached when preempted and not evicted since (0: none); its key in
+        the free queue is ``-1 - owner`` (trace block ids are >= 0)."""
+        return self._free.get(-1 - owner, 0)
+
+    def park(self, owner: int, kv_blocks: int) -> None:
+        """Preempted ``owner``'s own full KV blocks (past its trace blocks) stay cached in the free queue."""
+        if kv_blocks > 0:
+            self.unpark(owner)
+            self._free[-1 - owner] = kv_blocks
+            self._free_kv += kv_blocks
+
+    def unpark(self, owner: int) -> int:
+        """``owner`` is admitted again: its parked blocks leave the free queue (held again, or useless)."""
+        kv = self._free.pop(-1 - owner, 0)
+        self._free_kv -= kv
+        return kv
+
+    def resume_tokens(self, owner: int, num_tokens: int) -> int:
+        """Cached tokens of a resumed request without trace blocks: its parked blocks, capped as ``lookup``."""
+        cached = max(min(self.parked(owner) * self.kv_block_size, num_tokens - 1), 0)
+        return cached - cached % self.kv_block_size
+
+    def lookup(self, block_ids: np.ndarray, num_tokens: int, touch: bool = True, owner: int = -1,
+               own_from_kv: int = 0) -> int:
         """Tokens of a ``num_tokens`` prompt that need no computation.
 
         ``touch``: the request is admitted: mark the hit blocks recently used and count the query
-        (vLLM's prefix-cache queries/hits counters); ``touch=False`` only peeks. Sets ``peek_shared_kv``.
+        (vLLM's prefix-cache queries/hits counters); ``touch=False`` only peeks. Sets ``peek_shared_kv``
+        and ``peek_hits``. A request ``owner`` preempted with blocks parked from KV block ``own_from_kv``
+        on (its full trace blocks' end) continues into them when every trace block before them hit.
         """
         free, refs = self._free, self._refs
         hits = in_use = 0
@@ -77,7 +112,11 @@ class PrefixCache:
             else:
                 break
             hits += 1
-        cached = max(min(hits * self.block_tokens, num_tokens - 1), 0)
+        self.peek_hits = hits
+        cached_kv = hits * self.kv_per_block
+        if owner >= 0 and cached_kv >= own_from_kv:
+            cached_kv = max(cached_kv, own_from_kv + self.parked(owner))
+        cached = max(min(cached_kv * self.kv_block_size, num_tokens - 1), 0)
         cached -= cached % self.kv_block_size
         if in_use:  # count only the shared blocks the hit fully covers
             in_use = sum(1 for bid in block_ids[: cached // self.block_tokens].tolist() if bid in refs)
@@ -87,10 +126,12 @@ class PrefixCache:
             self.hit_tokens += cached
         return cached
 
-    def acquire(self, owner: int, block_ids: np.ndarray, num_tokens: int) -> int:
-        """Admit request ``owner``: count the query, take references on the fully hit blocks; returns cached tokens."""
-        cached = self.lookup(block_ids, num_tokens, touch=True)
-        full = cached // self.block_tokens
+    def acquire(self, owner: int, block_ids: np.ndarray, num_tokens: int, own_from_kv: int = 0) -> int:
+        """Admit request ``owner``: count the query, take references on the fully hit blocks, take back its
+        parked blocks; returns cached tokens."""
+        cached = self.lookup(block_ids, num_tokens, touch=True, owner=owner, own_from_kv=own_from_kv)
+        self.unpark(owner)
+        full = min(cached // self.block_tokens, self.peek_hits)
         if full:
             held = self._held.setdefault(owner, [])
             self._take(block_ids[:full].tolist(), held)
@@ -104,7 +145,7 @@ class PrefixCache:
                 refs[bid] = count + 1
                 self.shared_kv += self.kv_per_block
             else:
-                free.pop(bid, None)
+                self._free_kv -= free.pop(bid, 0)
                 refs[bid] = 1
             held.append(bid)
 
@@ -120,12 +161,15 @@ class PrefixCache:
                 refs[bid] = 1
                 held.append(bid)
 
-    def release(self, owner: int) -> int:
-        """``owner`` finished or was preempted: drop its references; returns KV blocks others still hold."""
+    def release(self, owner: int, park_kv: int = 0) -> int:
+        """``owner`` finished or was preempted (``park_kv``: its own full KV blocks past its trace blocks, parked
+        first: vLLM frees the tail first); drop its references; returns KV blocks others still hold."""
+        self.park(owner, park_kv)
         held = self._held.pop(owner, None)
         if not held:
+            self._cap()
             return 0
-        refs, free, still = self._refs, self._free, 0
+        refs, free, still, per = self._refs, self._free, 0, self.kv_per_block
         for bid in reversed(held):  # vLLM frees the tail first, so it is evicted first
             count = refs[bid] - 1
             if count:
@@ -133,21 +177,35 @@ class PrefixCache:
                 still += 1
             else:
                 del refs[bid]
-                free[bid] = None
-        still *= self.kv_per_block
+                free[bid] = per
+                self._free_kv += per
+        still *= per
         self.shared_kv -= still
         self._cap()
         return still
 
     def trim(self, free_kv_blocks: int) -> None:
         """Evict free cached blocks, least recently used first, until they fit in ``free_kv_blocks``."""
-        free, per = self._free, self.kv_per_block
-        while free and len(free) * per > free_kv_blocks:
-            free.popitem(last=False)
+        while self._free and self._free_kv > free_kv_blocks:
+            self._evict_front(self._free_kv - free_kv_blocks)
+
+    def _evict_front(self, excess: int) -> None:
+        """Evict from the least recently used entry: a trace block whole, parked blocks only ``excess`` of
+        them (their tail: freed first, so first in vLLM's free queue)."""
+        free = self._free
+        key = next(iter(free))
+        kv = free[key]
+        if key < 0 and kv > excess:
+            free[key] = kv - excess
+            self._free_kv -= excess
+        else:
+            del free[key]
+            self._free_kv -= kv
 
     def clear(self) -> None:
         """Forget everything (the pod is gone)."""
         self._free.clear()
+        self._free_kv = 0
         self._refs.clear()
         self._held.clear()
         self.shared_kv = 0
@@ -157,14 +215,17 @@ class PrefixCache:
         full = min(len(block_ids), prompt_tokens // self.block_tokens)
         if self.capacity == 0 or full == 0:
             return
-        free, refs = self._free, self._refs
+        free, refs, per = self._free, self._refs, self.kv_per_block
         for bid in block_ids[:full].tolist():
             if bid not in refs:
-                free[bid] = None
+                if bid not in free:
+                    self._free_kv += per
+                free[bid] = per
                 free.move_to_end(bid)
         self._cap()
 
     def _cap(self) -> None:
-        free = self._free
-        while free and len(free) + len(self._refs) > self.capacity:
-            free.popitem(last=False)
+        """The static cap: cached KV blocks (free and held) never exceed ``capacity`` trace blocks' worth."""
+        limit = (self.capacity - len(self._refs)) * self.kv_per_block
+        while self._free and self._free_kv > limit:
+            self._evict_front(self._free_kv - limit)

@@ -151,8 +151,7 @@ class Replica(SchedulerState):
         log.status[ids] = ABORTED
         self.n = self.comp_sum = self.new_sum = self.outstanding_tokens = self.fresh = self.waiting_tokens = 0
         self._reset_lefts()
-        if self.prefix is not None:
-            self.prefix.clear()
+        self.cache.clear()
         self.busy_until, self.run = None, None
         self.waiting.clear()
         return ids
@@ -233,5 +232,6 @@ class Replica(SchedulerState):
         if self.run_done == self.run_k:
             self.run = self.busy_until = None
             self.new_sum = 0
+            self._trim_cache()  # the run's last step held the most blocks: evict as its allocations did
             if self.run_k == self.run_fin:  # else cut short (an arrival, the KV cache): nobody finishes
                 self._finish_done(self.run_start + run.total(self.run_k))

@@ -5,7 +5,8 @@ Imitates vLLM 0.11's v1 ``Scheduler.schedule()`` (chunked prefill always on, FCF
    new tokens (1 when decoding, a chunk when prefilling) until ``max_num_batched_tokens`` is spent.
    ``allocate_slots`` needs ``ceil((computed + new) / 16)`` blocks; when the free blocks run out the
    *tail* of ``running`` (newest) is preempted: its blocks are freed, ``num_computed_tokens`` reset to 0,
-   and it goes back to the *head* of ``waiting`` (recompute of prompt + generated tokens later).
+   and it goes back to the *head* of ``waiting`` (recompute of prompt + generated tokens later, less its
+   own full blocks still cached when it resumes: ``PrefixCache.park``, prefix caching being on by default).
 2. Only if nothing was preempted this step: admit waiting requests FCFS while the budget lasts, fewer
    than ``max_num_seqs`` run and their blocks fit (prefix-cache hits skip computation, ``kv_cache``).
 3. After the step, each request whose computed tokens reach its token count samples one token (the
@@ -66,10 +67,12 @@ class SchedulerState:
         self.waiting: deque[int] = deque()
         self.waiting_tokens = 0  # prompt (+ generated, when preempted) tokens of ``waiting``: a gateway's limit
         self.outstanding_tokens = 0  # prompt + generated tokens of held requests (``Replica.gateway_tokens``)
-        self.prefix: PrefixCache | None = None
+        self.prefix: PrefixCache | None = None  # the cache of trace prefix blocks, when the workload names them
         if prefix is not None:
             self._block_ids, self._block_offsets, block_tokens = prefix
             self.prefix = PrefixCache(self.total_blocks * self.bs // block_tokens, block_tokens, self.bs)
+        # vLLM's prefix cache is on by default: without trace blocks it still keeps preempted requests' blocks
+        self.cache = self.prefix if self.prefix is not None else PrefixCache(self.total_blocks, self.bs, self.bs)
         self.busy_until: float | None = None
         self.run: DecodeRun | None = None  # a decode run in progress (see replica.Replica)
         self.step_s = 0.0
@@ -114,10 +117,10 @@ class SchedulerState:
         return (self.comp_sum + self.new_sum) / self.bs + self.n
 
     def _trim_cache(self) -> None:
-        """Evict free cached prefix blocks that no longer fit beside the blocks running requests hold."""
-        prefix = self.prefix
-        if prefix is not None and prefix.free_cached_kv + self._used_bound() > self.total_blocks:
-            prefix.trim(self.total_blocks - self.used_blocks())
+        """Evict free cached blocks that no longer fit beside the blocks running requests hold."""
+        cache = self.cache
+        if cache.free_cached_kv and cache.free_cached_kv + self._used_bound() > self.total_blocks:
+            cache.trim(self.total_blocks - self.used_blocks())
 
     def _head_tokens(self, budget: int, now: float) -> tuple[int, int] | None:
         """(cached, scheduled) tokens of the waiting head if seats, budget and arrival allow admitting it."""
@@ -129,18 +132,32 @@ class SchedulerState:
             return None
         ntok = log.input_l[rid] + int(log.generated[rid])
         if self.prefix is None:
-            return 0, (ntok if ntok < budget else budget)
+            if not self.cache.parked(rid):
+                return 0, (ntok if ntok < budget else budget)
+            self._trim_cache()
+            cached = self.cache.resume_tokens(rid, ntok)
+            return cached, min(ntok - cached, budget)
         self._trim_cache()
         cached = self._cached(rid, ntok, touch=False)
         return cached, min(ntok - cached, budget)
+
+    def _own_from_kv(self, rid: int) -> int:
+        """The KV block where request ``rid``'s own blocks start: past its full trace blocks (none: 0)."""
+        if self.prefix is None:
+            return 0
+        full = min(int(self._block_offsets[rid + 1] - self._block_offsets[rid]),
+                   self.log.input_l[rid] // self.prefix.block_tokens)
+        return full * self.prefix.kv_per_block
 
     def _cached(self, rid: int, ntok: int, touch: bool) -> int:
         if self.prefix is None:
             return 0
         blocks = self._block_ids[self._block_offsets[rid]: self._block_offsets[rid + 1]]
+        owner = rid if self.prefix.parked(rid) else -1  # preempted, its own blocks still cached
+        own = self._own_from_kv(rid) if owner >= 0 else 0
         if touch:
-            return self.prefix.acquire(rid, blocks, ntok)
-        return self.prefix.lookup(blocks, ntok, touch=False)
+            return self.prefix.acquire(rid, blocks, ntok, own)
+        return self.prefix.lookup(blocks, ntok, touch=False, owner=owner, own_from_kv=own)
 
     # ----- one general step ------------------------------------------------------------------------------
     def _start_step(self) -> float | None:
@@ -252,8 +269,11 @@ class SchedulerState:
         self.waiting_tokens += int(S[NTOK, j]) + sh
         self.n -= 1
         self.comp_sum -= comp
-        shared = self.prefix.release(rid) if self.prefix is not None else 0
-        return -(-comp // self.bs) - shared
+        own = comp // self.bs - self._own_from_kv(rid)  # its full blocks past its trace blocks stay cached
+        if self.prefix is None:
+            self.cache.park(rid, own)
+            return -(-comp // self.bs)
+        return -(-comp // self.bs) - self.prefix.release(rid, own)
 
     def _admit(self, budget: int, free: int | None) -> None:
         """Admit waiting requests FCFS while seats, budget and blocks last (each one a prefill)."""
@@ -277,6 +297,8 @@ class SchedulerState:
             self.waiting_tokens -= ntok
             if self.prefix is not None:
                 self._cached(rid, ntok, touch=True)
+            elif self.cache.free_cached_kv:
+                self.cache.unpark(rid)  # held again (or, when none hit, useless)
             left = ntok - log.tokens_l[rid] - sh
             S[:, self.n] = (rid, ntok - sh, cached - sh, left, nt)  # stored less the shift
             insort(self._lefts, left)

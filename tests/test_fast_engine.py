@@ -64,6 +64,14 @@ def test_compiled_equals_reference_on_random_workloads(data: st.DataObject) -> N
     assert_same(w, profile, data.draw(st.integers(1, 3)), **kw)
 
 
+def test_compiled_resumes_preempted_requests_into_their_cached_blocks() -> None:
+    """The compiled engine parks a preempted request's blocks and re-hits them as the reference does."""
+    w = Workload(np.array([0.0, 0.01]), np.array([2000, 2000]), np.array([3000, 3000]))
+    assert_same(w, tiny_profile(gib=16.0, seqs=8, budget=512, max_len=8192), 1)
+    got = simulate(w, tiny_profile(gib=16.0, seqs=8, budget=512, max_len=8192), engine="compiled")
+    assert got.log.preemptions.tolist() == [0, 1]  # recomputing everything thrashes: 93 preemptions
+
+
 def test_engine_choice_is_checked() -> None:
     w = builtin("poisson", seed=0, rate=5.0, duration=5.0)
     with pytest.raises(ValueError, match=r"engine='numba': must be one of \['auto', 'compiled', 'python'\]"):

@@ -129,3 +129,36 @@ def test_reference_counts_stay_consistent(ops: list[tuple[int, list[int]]]) -> N
     for owner in list(live):
         cache.release(owner)
     assert cache.shared_kv == 0 and not cache._refs
+
+
+def test_preempted_request_parks_its_own_blocks_and_resumes_into_them() -> None:
+    """vLLM caches every full block of a request; a preempted one finds its own again unless evicted (tail first)."""
+    cache = PrefixCache(100, 512, 16)                      # 32 KV blocks per trace block
+    ids = np.array([1, 2])
+    assert cache.acquire(7, ids, 1100) == 0
+    cache.register(7, ids, 1100)                           # its two full trace blocks are cached (held)
+    cache.release(7, park_kv=1500 // 16 - 64)              # preempted at 1500 computed tokens: 29 blocks of its own
+    assert cache.parked(7) == 29 and cache.free_cached_kv == 29 + 64
+    assert cache.lookup(ids, 1501, touch=False, owner=7, own_from_kv=64) == (64 + 29) * 16
+    assert cache.lookup(ids, 1501, touch=False) == 2 * 512  # nobody else can hit its own blocks
+    cache.trim(80)                                         # an allocation takes 13: its tail goes first
+    assert cache.parked(7) == 16 and cache.free_cached_kv == 80
+    assert cache.lookup(ids, 1501, touch=False, owner=7, own_from_kv=64) == (64 + 16) * 16
+    cache.trim(40)                                         # the rest of its own, then trace block 2 (freed last-first)
+    assert cache.parked(7) == 0 and cache.free_cached_kv == 32
+    assert cache.lookup(ids, 1501, touch=False, owner=7, own_from_kv=64) == 512
+    cache.park(7, 10)
+    assert cache.lookup(ids, 1501, touch=False, owner=7, own_from_kv=64) == 512  # block 2 gone: the chain breaks
+    assert cache.acquire(7, ids, 1501, own_from_kv=64) == 512
+    assert cache.parked(7) == 0 and cache.free_cached_kv == 0  # block 1 held again, the useless rest dropped
+
+
+def test_without_trace_blocks_a_resume_hits_what_is_left() -> None:
+    cache = PrefixCache(1000, 16, 16)                      # a workload without trace blocks: parked entries only
+    cache.park(3, 100)
+    cache.park(4, 50)
+    assert cache.resume_tokens(3, 1700) == 1600 and cache.resume_tokens(4, 801) == 800
+    assert cache.resume_tokens(4, 800) == 784              # the last token is always computed (whole blocks)
+    cache.trim(120)                                        # least recently parked first, from its tail
+    assert (cache.parked(3), cache.parked(4)) == (70, 50)
+    assert cache.unpark(3) == 70 and cache.free_cached_kv == 50

@@ -16,6 +16,7 @@ from scaler.profiles import PerformanceProfile, get_profile
 from scaler.step_time import LinearStepTime
 from simulator import replica as replica_mod
 from simulator.engine import simulate as _simulate
+from simulator.kv_cache import PrefixCache
 from simulator.replica import COMP, ID, LEFT, NEW, NTOK
 from simulator.results import FINISHED
 from simulator.workload import Workload
@@ -168,3 +169,29 @@ def test_prefix_cache_skips_shared_prefix() -> None:
     assert ttft[1] < ttft[0] / 3  # 1520 of 1536 tokens were cached
     plain = simulate(workload([0.0, 10.0], [1536, 1536], [2, 2]), prof)
     assert plain.log.first_token_s[1] - 10.0 == pytest.approx(ttft[0])
+
+
+def test_preempted_request_resumes_into_its_cached_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM keeps a preempted request's freed blocks cached (prefix caching is on by default): it resumes
+    where its surviving blocks end instead of recomputing everything (and thrashing: re-admitted for one
+    chunk, preempted again, 93 times here)."""
+    prof = tiny_profile(gib=16.0, seqs=8, budget=512, max_len=8192)  # 532 blocks: two 5000-token requests do not fit
+    w = workload([0.0, 0.01], [2000, 2000], [3000, 3000])
+    took: list[tuple[int, int]] = []
+    unpark = PrefixCache.unpark
+
+    def record(cache: Any, owner: int) -> int:
+        kv = unpark(cache, owner)
+        took.append((owner, kv))
+        return kv
+
+    monkeypatch.setattr(PrefixCache, "unpark", record)
+    res = simulate(w, prof)
+    assert res.log.preemptions.tolist() == [0, 1]
+    parked = 4240 // 16                                      # request 1 had 4240 tokens computed when preempted
+    resumed = [kv for owner, kv in took if owner == 1 and kv]
+    assert len(resumed) == 1 and 0 < resumed[0] < parked    # request 0 kept decoding: it evicted the tail part
+    monkeypatch.setattr(PrefixCache, "park", lambda cache, owner, kv: None)  # recompute everything
+    recompute = simulate(w, prof)
+    assert recompute.log.preemptions.tolist()[1] > 10
+    assert res.log.finish_s[1] < recompute.log.finish_s[1] - 5.0

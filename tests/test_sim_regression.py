@@ -111,31 +111,31 @@ PINNED: dict[str, tuple[str, dict[str, Any]]] = {
         'completed': 811, 'preemptions': 0, 'ttft_p99': 41.095889265301615, 'itl_p50': 0.13883533099290457,
         'kv_usage_max': 0.579215519775303, 'duration_s': 256.88716077095916,
     }),
-    'waiting-limit': ('fe1fb177dd18380e', {
-        'completed': 1555, 'preemptions': 29, 'ttft_p99': 1.3346119024572836, 'itl_p50': 0.05922430868761305,
-        'kv_usage_max': 0.9997856836690956, 'duration_s': 86.0557026701654,
+    'waiting-limit': ('206cf96a202526f6', {
+        'completed': 1553, 'preemptions': 48, 'ttft_p99': 1.4034071173547642, 'itl_p50': 0.05401321147646348,
+        'kv_usage_max': 0.9997856836690956, 'duration_s': 87.42715218146539,
     }),
     'mooncake-prefix': ('aa58a6d2ba8926eb', {
         'completed': 2251, 'preemptions': 0, 'ttft_p99': 4.359494225800191, 'itl_p50': 0.010057730630017381,
         'kv_usage_max': 0.37130304329189884, 'duration_s': 604.8677530390006,
     }),
-    'mooncake-prefix-preempt': ('df22dc83d2c1a1a2', {
-        'completed': 2251, 'preemptions': 875, 'ttft_p99': 1071.2837349472072, 'itl_p50': 0.2526387710131898,
-        'kv_usage_max': 0.999499928561223, 'duration_s': 1681.3997758068217,
+    'mooncake-prefix-preempt': ('14ac12dde2b46991', {
+        'completed': 2251, 'preemptions': 871, 'ttft_p99': 1067.5011963409438, 'itl_p50': 0.2526387710131898,
+        'kv_usage_max': 0.999499928561223, 'duration_s': 1678.153123062988,
     }),
-    'preempt-heavy': ('9db4767caf49f24a', {
-        'completed': 4822, 'preemptions': 161, 'ttft_p99': 172.8569888280549, 'itl_p50': 0.06878599123088075,
-        'kv_usage_max': 0.9996428061151593, 'duration_s': 261.0063732826157,
+    'preempt-heavy': ('53262aa98058233a', {
+        'completed': 4822, 'preemptions': 161, 'ttft_p99': 169.82451814634084, 'itl_p50': 0.0672202309111567,
+        'kv_usage_max': 0.9999285612230319, 'duration_s': 257.9559395359755,
     }),
-    'bursty-preempt-2rep': ('f658c206a8efe89a', {
-        'completed': 5055, 'preemptions': 122, 'ttft_p99': 22.73951621177179, 'itl_p50': 0.050991759757487015,
-        'kv_usage_max': 0.9999285612230319, 'duration_s': 157.824703978265,
+    'bursty-preempt-2rep': ('699b95a62f5fe07c', {
+        'completed': 5055, 'preemptions': 123, 'ttft_p99': 20.693629039535637, 'itl_p50': 0.042413098391048815,
+        'kv_usage_max': 1.0, 'duration_s': 156.18800564913138,
     }),
     'autoscaled-leadscale': ('d3df477016249f69', {
         'gpu_hours': 0.4168786159172359, 'ttft_p95': 0.21283026235065464, 'slo_attainment': 0.9998197711093089,
     }),
-    'autoscaled-waiting-requests': ('933263c2433f3575', {
-        'gpu_hours': 1.063822529317293, 'ttft_p95': 2.581148868485544, 'slo_attainment': 0.92502478147247,
+    'autoscaled-waiting-requests': ('c034a368df15e3a4', {
+        'gpu_hours': 1.0621535809924292, 'ttft_p95': 2.447083719227498, 'slo_attainment': 0.9261061548166171,
     }),
 }
 
