@@ -12,10 +12,11 @@ block hashes). ``PrefixCache`` tracks them the way vLLM tracks its hashed blocks
   block; a block held by several running requests is stored once (``shared_kv``: the KV blocks counted
   twice by per-request block counts, which the scheduler subtracts, so KV usage = blocks held by running
   requests, vLLM's ``kv_cache_usage_perc``);
-- when a prompt is prefilled its full blocks become cacheable; when a request finishes or is preempted,
-  blocks nobody else holds go to the *free* queue but stay cached (tail blocks first, as vLLM frees in
-  reverse order), and are evicted least recently used only when an allocation needs the room
-  (``trim``: the free cached blocks never exceed the KV blocks not held by running requests);
+- a prompt's full blocks become cacheable as soon as a chunk is scheduled over them (``register``, vLLM's
+  ``cache_blocks`` in ``allocate_slots``), so others hit a prompt still being prefilled; when a request
+  finishes or is preempted, blocks nobody else holds go to the *free* queue but stay cached (tail blocks
+  first, as vLLM frees in reverse order), and are evicted least recently used only when an allocation
+  needs the room (``trim``: the free cached blocks never exceed the KV blocks not held by running requests);
 - a *preempted* request's own full KV blocks past its trace blocks (the rest of its prompt, the tokens
   it generated) are cached too, as vLLM hashes every full block of a request: ``park`` puts them in the
   free queue as one entry of that many KV blocks, ahead of its trace blocks (freed tail first, so evicted
@@ -23,9 +24,9 @@ block hashes). ``PrefixCache`` tracks them the way vLLM tracks its hashed blocks
   continues past its trace blocks into what is left of them, and the request takes them back
   (``acquire``); nobody else can hit them (their content is the request's own). A workload without
   trace blocks keeps only such entries (``SchedulerState.cache``: vLLM's prefix caching is on by default).
-Left out: blocks become cacheable when the prompt is fully prefilled (vLLM: after each chunk); a block
-recomputed while an equal one is cached is kept private (not deduplicated); output-token blocks are
-never reused by another request (trace ids describe prompts only), only by their own after a preemption.
+Left out: a block recomputed while an equal one is cached is kept private (not deduplicated);
+output-token blocks are never reused by another request (trace ids describe prompts only), only by their
+own after a preemption.
 """
 
 from __future__ import annotations
@@ -150,7 +151,8 @@ class PrefixCache:
             held.append(bid)
 
     def register(self, owner: int, block_ids: np.ndarray, prompt_tokens: int) -> None:
-        """``owner`` has prefilled its prompt: its full blocks that are not cached yet become cached (held)."""
+        """``owner``'s first ``prompt_tokens`` tokens are computed or scheduled: its full blocks among them that
+        are not cached yet become cached (held); called per chunk."""
         full = min(len(block_ids), prompt_tokens // self.block_tokens)
         if full == 0 or self.capacity == 0:
             return

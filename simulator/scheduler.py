@@ -189,6 +189,8 @@ class SchedulerState:
                 self.fast = False
                 free, preempted = self._schedule_with_preemption()
                 self.n_running = self.n
+        if self.prefix is not None and not self.fast:
+            self._register_chunks()  # running prefills' chunks (the fast path has none)
         if not preempted:
             self._admit(self.budget - self.new_sum, free)
         self._trim_cache()  # the step's allocations may evict free cached blocks
@@ -297,6 +299,7 @@ class SchedulerState:
             self.waiting_tokens -= ntok
             if self.prefix is not None:
                 self._cached(rid, ntok, touch=True)
+                self._register(rid, cached + nt)
             elif self.cache.free_cached_kv:
                 self.cache.unpark(rid)  # held again (or, when none hit, useless)
             left = ntok - log.tokens_l[rid] - sh
@@ -312,6 +315,22 @@ class SchedulerState:
                 log.first_scheduled_s[rid] = now
             if log.first_token_s[rid] != log.first_token_s[rid]:
                 self.fresh += 1
+
+    def _register(self, rid: int, tokens: int) -> None:
+        """vLLM caches a request's full blocks as soon as a chunk is scheduled over them (``allocate_slots``
+        then ``cache_blocks`` up to computed + new tokens): prompt blocks of ``rid`` up to ``tokens`` become
+        hittable by requests scheduled after it, in this step or later, while its prefill goes on."""
+        assert self.prefix is not None
+        prompt = self.log.input_l[rid]
+        self.prefix.register(rid, self._block_ids[self._block_offsets[rid]: self._block_offsets[rid + 1]],
+                             tokens if tokens < prompt else prompt)
+
+    def _register_chunks(self) -> None:
+        """``_register`` for the running requests whose prompt this step's chunk extends (slow path: true rows)."""
+        n, S = self.n, self._S
+        ids, comp, new = S[ID, :n], S[COMP, :n], S[NEW, :n]
+        for j in ((new > 0) & (comp < self.log.input_tokens[ids])).nonzero()[0].tolist():
+            self._register(int(ids[j]), int(comp[j] + new[j]))
 
     def _complete_step(self) -> None:
         """Apply the general step just scheduled: computed tokens, samples, first tokens, finishes."""
@@ -361,7 +380,7 @@ class SchedulerState:
             self.all_decoding = self.fresh == 0 and bool((S[NTOK, :n] - S[COMP, :n] == 1).all())
 
     def _first_tokens(self, ids: list[int], end: float) -> None:
-        """Record first tokens (not re-samples after a recompute) and remember prompts for prefix caching."""
+        """Record first tokens (not re-samples after a recompute)."""
         log, first_token = self.log, self.log.first_token_s
         for rid in ids:
             if first_token[rid] == first_token[rid]:  # not NaN: a re-sample after recompute
@@ -370,9 +389,6 @@ class SchedulerState:
             self.ttft_bucket_counts[bisect_left(TTFT_BUCKETS, end - log.arrival_l[rid])] += 1
             self.fresh -= 1
             self.counters["prompt_tokens_total"] += log.input_l[rid]
-            if self.prefix is not None:
-                self.prefix.register(rid, self._block_ids[self._block_offsets[rid]: self._block_offsets[rid + 1]],
-                                     log.input_l[rid])
 
     def _finish_done(self, end: float) -> None:
         """Retire the running requests that reached their output length at ``end``; compact the columns."""

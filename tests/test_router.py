@@ -116,3 +116,20 @@ def test_gateway_tokens_count_prompts_and_streamed_tokens_mid_decode_run() -> No
         prompts = int(log.input_tokens[running].sum() + log.input_tokens[waiting].sum())
         streamed = int((S[1, : rep.n] - log.input_tokens[running]).sum() + log.generated[waiting].sum())
         assert seen == prompts + streamed
+
+
+def test_prefix_blocks_are_hittable_while_the_prompt_is_still_prefilled() -> None:
+    """vLLM caches each full block when a chunk is scheduled over it, not when the prefill ends.
+
+    Request 0 (40 blocks, 20480 tokens) takes three 8192-token chunks; request 1 (the same 40 blocks + one
+    of its own) arrives during the first one, waits while chunk 2 spends the whole budget, and is
+    admitted beside chunk 3. It finds all 40 blocks, chunk 3's included (scheduled earlier in that same
+    step), and computes only its own 512 tokens: its first token comes with request 0's.
+    """
+    prof = get_profile("h100-llama3-8b")
+    ids = np.r_[np.arange(40), np.arange(40), 999]
+    w = Workload(np.array([0.0, 0.001]), np.array([40 * 512, 41 * 512]), np.array([4, 4]),
+                 block_ids=ids, block_offsets=np.array([0, 40, 81]))
+    res = simulate(w, prof, replicas=1)
+    assert res.extra["prefix_cache_hit_rate"] == pytest.approx(40 * 512 / (81 * 512))
+    assert res.log.first_token_s[1] == res.log.first_token_s[0]

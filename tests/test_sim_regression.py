@@ -115,13 +115,13 @@ PINNED: dict[str, tuple[str, dict[str, Any]]] = {
         'completed': 1553, 'preemptions': 48, 'ttft_p99': 1.4034071173547642, 'itl_p50': 0.05401321147646348,
         'kv_usage_max': 0.9997856836690956, 'duration_s': 87.42715218146539,
     }),
-    'mooncake-prefix': ('aa58a6d2ba8926eb', {
-        'completed': 2251, 'preemptions': 0, 'ttft_p99': 4.359494225800191, 'itl_p50': 0.010057730630017381,
-        'kv_usage_max': 0.37130304329189884, 'duration_s': 604.8677530390006,
+    'mooncake-prefix': ('98df314f25b28c14', {
+        'completed': 2251, 'preemptions': 0, 'ttft_p99': 3.8518233581253014, 'itl_p50': 0.010057730630017381,
+        'kv_usage_max': 0.36137305329332764, 'duration_s': 604.9063521720499,
     }),
-    'mooncake-prefix-preempt': ('14ac12dde2b46991', {
-        'completed': 2251, 'preemptions': 871, 'ttft_p99': 1067.5011963409438, 'itl_p50': 0.2526387710131898,
-        'kv_usage_max': 0.999499928561223, 'duration_s': 1678.153123062988,
+    'mooncake-prefix-preempt': ('44acdcd79516bc26', {
+        'completed': 2251, 'preemptions': 404, 'ttft_p99': 628.3751643504224, 'itl_p50': 0.0352776786618874,
+        'kv_usage_max': 0.9994642091727389, 'duration_s': 1237.7039645055725,
     }),
     'preempt-heavy': ('53262aa98058233a', {
         'completed': 4822, 'preemptions': 161, 'ttft_p99': 169.82451814634084, 'itl_p50': 0.0672202309111567,
