@@ -30,15 +30,15 @@ from simulator.results import FINISHED
 ID, NTOK, COMP, LEFT, NEW = range(5)
 # integer fields of iv[r]
 (N, SHIFT, COMP_SUM, NEW_SUM, FRESH, N_RUNNING, ADM_CACHED, WTOK, OUTST, RUN_K, RUN_DONE, RUN_FIN, VERSION,
- ALL_DEC, FAST, RUN_ON, BUSY, WHEAD, WTAIL, WLEN, PHEAD, PTAIL, PKV, HCACHED, N_INT) = range(25)
-# PHEAD/PTAIL/PKV: the preempted requests whose own blocks stay cached (``PrefixCache.park``), least recently
-# parked first, a doubly linked list through ``Log.nextp``/``prevp``, and their KV blocks; HCACHED: the cached
-# tokens of the waiting head that ``head_tokens`` last looked at
+ ALL_DEC, FAST, RUN_ON, BUSY, WHEAD, WTAIL, WLEN, PKV, HCACHED, N_INT) = range(23)
+# PKV: the KV blocks preempted requests left cached (``PrefixCache.park``; each one's in ``Log.park``);
+# HCACHED: the cached tokens of the waiting head that ``head_tokens`` last looked at
 # float fields of fv[r]
 CLOCK, BUSY_UNTIL, RUN_START, RUN_FIRST, RUN_GROWTH, STEP_S, ADM_ATTN, N_FLOAT = range(8)
 # the step-time model's coefficients (LinearStepTime, in its field order)
 OVERHEAD, FLOOR, INTERCEPT, PER_TOKEN, PER_SEQ, PER_CONTEXT, PREFILL_ATTN = range(7)
 NONE = -1.0  # "no next event" (the Python methods return None); event times are >= 0
+PARKED = -2  # ``head_plain``: the waiting head has blocks parked (``resume_tokens`` answers)
 
 _Kernel = TypeVar("_Kernel", bound=Callable[..., object])
 
@@ -65,8 +65,6 @@ class Log(NamedTuple):
     status: np.ndarray
     nextw: np.ndarray  # the next request in the same waiting queue
     park: np.ndarray  # KV blocks a preempted request left cached and not evicted (0: none)
-    nextp: np.ndarray  # the next / previous request in the same replica's parked list
-    prevp: np.ndarray
     off: np.ndarray  # (1,): the request id of row 0 (a streamed run keeps a window of requests, not all)
 
 
@@ -98,7 +96,7 @@ def new_fleet(replicas: int, profile: object, now: float = 0.0) -> Fleet:
     st = p.step_time  # type: ignore[attr-defined]
     iv = np.zeros((replicas, N_INT), np.int64)
     iv[:, ALL_DEC] = iv[:, FAST] = 1
-    iv[:, WHEAD] = iv[:, WTAIL] = iv[:, PHEAD] = iv[:, PTAIL] = -1
+    iv[:, WHEAD] = iv[:, WTAIL] = -1
     fv = np.zeros((replicas, N_FLOAT), np.float64)
     fv[:, CLOCK] = now
     model = np.array([st.overhead_s, st.floor_s, st.intercept_s, st.per_token_s, st.per_seq_s,
@@ -282,22 +280,39 @@ def used_bound(q: Fleet, r: int) -> float:
     return (q.iv[r, COMP_SUM] + q.iv[r, NEW_SUM]) / q.cfg[0] + q.iv[r, N]
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def head_tokens(q: Fleet, L: Log, r: int, budget: int, now: float) -> int:
     """``SchedulerState._head_tokens``: the scheduled tokens of the waiting head (its cached ones in
     ``iv[r, HCACHED]``), or -1."""
+    nt = head_plain(q, L, r, budget, now)
+    if nt == PARKED:
+        nt = resume_tokens(q, L, r, budget)
+    return nt
+
+
+@njit(cache=True)
+def head_plain(q: Fleet, L: Log, r: int, budget: int, now: float) -> int:
+    """``head_tokens`` without a call (so it stays small): PARKED when the head has blocks parked."""
     if q.iv[r, WLEN] == 0 or budget <= 0 or q.iv[r, N] >= q.cfg[3]:
         return -1
     rid = q.iv[r, WHEAD]
     if L.arrival[rid - L.off[0]] > now:
         return -1
     ntok = L.inp[rid - L.off[0]] + L.gen[rid - L.off[0]]
+    if q.iv[r, PKV] and L.park[rid - L.off[0]]:  # (PKV first: most steps have nothing parked)
+        return PARKED
     q.iv[r, HCACHED] = 0
-    if L.park[rid - L.off[0]] == 0:
-        return ntok if ntok < budget else budget
+    return ntok if ntok < budget else budget
+
+
+@njit(cache=True)
+def resume_tokens(q: Fleet, L: Log, r: int, budget: int) -> int:
+    """``head_tokens`` of a preempted head with blocks parked: ``PrefixCache.resume_tokens`` after a trim."""
+    rid = q.iv[r, WHEAD]
+    ntok = L.inp[rid - L.off[0]] + L.gen[rid - L.off[0]]
     trim_cache(q, L, r)
     bs = q.cfg[0]
-    cached = max(min(L.park[rid - L.off[0]] * bs, ntok - 1), 0)  # PrefixCache.resume_tokens
+    cached = max(min(L.park[rid - L.off[0]] * bs, ntok - 1), 0)
     cached -= cached % bs
     q.iv[r, HCACHED] = cached
     return min(ntok - cached, budget)
@@ -305,54 +320,44 @@ def head_tokens(q: Fleet, L: Log, r: int, budget: int, now: float) -> int:
 
 @njit(cache=True)
 def trim_cache(q: Fleet, L: Log, r: int) -> None:
-    """``SchedulerState._trim_cache``: evict parked blocks that no longer fit beside the blocks held."""
+    """``SchedulerState._trim_cache``: evict parked blocks that no longer fit beside the blocks held.
+
+    ``PrefixCache.trim`` evicts the least recently parked first, each from its tail, until ``room`` are
+    left. Parked requests wait at the head of ``waiting`` (a preemption puts a request there), the most
+    recently preempted first, so walking it from the head and letting each keep what room is left does
+    the same without a list of its own (no per-request columns beyond ``Log.park``).
+    """
     iv = q.iv
-    if iv[r, PKV] and iv[r, PKV] + used_bound(q, r) > q.cfg[1]:
-        room = q.cfg[1] - used_blocks(q, r)
-        while iv[r, PKV] > room and iv[r, PHEAD] != -1:  # PrefixCache.trim / _evict_front
-            rid = iv[r, PHEAD]
-            kv, excess = L.park[rid - L.off[0]], iv[r, PKV] - room
-            if kv > excess:
-                L.park[rid - L.off[0]] = kv - excess
-                iv[r, PKV] -= excess
-            else:
-                unpark(q, L, r, rid)
+    if not (iv[r, PKV] and iv[r, PKV] + used_bound(q, r) > q.cfg[1]):
+        return
+    room = q.cfg[1] - used_blocks(q, r)
+    if iv[r, PKV] <= room:
+        return
+    keep = max(room, 0)
+    iv[r, PKV] = keep
+    rid = iv[r, WHEAD]
+    while rid != -1 and L.preempt[rid - L.off[0]] > 0:  # the preempted requests at the head of waiting
+        i = rid - L.off[0]
+        kv = L.park[i]
+        if kv > keep:
+            L.park[i] = kv = keep
+        keep -= kv
+        rid = L.nextw[i]
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def park(q: Fleet, L: Log, r: int, rid: int, kv: int) -> None:
-    """``PrefixCache.park``: preempted ``rid``'s ``kv`` own full blocks stay cached, most recently freed last."""
-    if kv <= 0:
-        return
-    unpark(q, L, r, rid)
-    i, tail = rid - L.off[0], q.iv[r, PTAIL]
-    L.park[i], L.nextp[i], L.prevp[i] = kv, -1, tail
-    if tail == -1:
-        q.iv[r, PHEAD] = rid
-    else:
-        L.nextp[tail - L.off[0]] = rid
-    q.iv[r, PTAIL] = rid
-    q.iv[r, PKV] += kv
+    """``PrefixCache.park``: preempted ``rid``'s ``kv`` own full blocks stay cached (it waits at the head)."""
+    if kv > 0:
+        q.iv[r, PKV] += kv - L.park[rid - L.off[0]]
+        L.park[rid - L.off[0]] = kv
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def unpark(q: Fleet, L: Log, r: int, rid: int) -> None:
-    """``PrefixCache.unpark``: ``rid``'s parked blocks leave the list (held again, evicted, or useless)."""
-    i = rid - L.off[0]
-    kv = L.park[i]
-    if kv == 0:
-        return
-    nxt, prv = L.nextp[i], L.prevp[i]
-    if prv == -1:
-        q.iv[r, PHEAD] = nxt
-    else:
-        L.nextp[prv - L.off[0]] = nxt
-    if nxt == -1:
-        q.iv[r, PTAIL] = prv
-    else:
-        L.prevp[nxt - L.off[0]] = prv
-    L.park[i] = 0
-    q.iv[r, PKV] -= kv
+    """``PrefixCache.unpark``: ``rid`` is admitted again: its parked blocks are held again (or useless)."""
+    q.iv[r, PKV] -= L.park[rid - L.off[0]]
+    L.park[rid - L.off[0]] = 0
 
 
 @njit(cache=True, inline="always")
@@ -422,7 +427,8 @@ def start_step(q: Fleet, L: Log, r: int) -> float:
             iv[r, N_RUNNING] = iv[r, N]
     if not preempted:
         admit(q, L, r, budget - iv[r, NEW_SUM], have_free, free)
-    trim_cache(q, L, r)
+    if iv[r, PKV]:  # (a call costs: skip it when nothing is parked)
+        trim_cache(q, L, r)
     n = iv[r, N]
     if n == 0:
         iv[r, BUSY] = 0
@@ -811,7 +817,8 @@ def apply_run(q: Fleet, L: Log, h: Itl, r: int, j: int) -> None:
     if iv[r, RUN_DONE] == iv[r, RUN_K]:
         iv[r, RUN_ON] = iv[r, BUSY] = 0
         iv[r, NEW_SUM] = 0
-        trim_cache(q, L, r)
+        if iv[r, PKV]:
+            trim_cache(q, L, r)
         if iv[r, RUN_K] == iv[r, RUN_FIN]:
             finish_done(q, L, r, fv[r, RUN_START] + run_total(fv[r, RUN_FIRST], fv[r, RUN_GROWTH], iv[r, RUN_K]))
 
