@@ -131,8 +131,8 @@ PINNED: dict[str, tuple[str, dict[str, Any]]] = {
         'completed': 5055, 'preemptions': 123, 'ttft_p99': 20.693629039535637, 'itl_p50': 0.042413098391048815,
         'kv_usage_max': 1.0, 'duration_s': 156.18800564913138,
     }),
-    'autoscaled-leadscale': ('d3df477016249f69', {
-        'gpu_hours': 0.4168786159172359, 'ttft_p95': 0.21283026235065464, 'slo_attainment': 0.9998197711093089,
+    'autoscaled-leadscale': ('23cab4882e428c45', {
+        'gpu_hours': 0.41215606893737483, 'ttft_p95': 0.21282165799689115, 'slo_attainment': 0.9998197711093089,
     }),
     'autoscaled-waiting-requests': ('c034a368df15e3a4', {
         'gpu_hours': 1.0621535809924292, 'ttft_p95': 2.447083719227498, 'slo_attainment': 0.9261061548166171,
