@@ -52,3 +52,12 @@ def test_leadscale_only_runs_no_recipe_and_no_oracle(tmp_path, capsys):
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("| small |"))
     assert f"{result['leadscale']['gpu_hours']:.2f}" in line and line.endswith("| yes |") == suite.meets(
         result["leadscale"])
+
+
+def test_only_takes_a_workload_whose_name_holds_a_comma():
+    suite = _suite()
+    name = "arxiv lengths, gamma arrivals"
+    assert name in suite.SUITE  # the suite's own row, selectable alone
+    assert suite.only_names(name, suite.SUITE) == [name]
+    assert suite.only_names("builtin default,gamma cv 4", suite.SUITE) == ["builtin default", "gamma cv 4"]
+    assert suite.only_names(" diurnal ramp ", suite.SUITE) == ["diurnal ramp"]
