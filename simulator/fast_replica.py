@@ -25,6 +25,7 @@ from typing import NamedTuple, TypeVar, cast
 import numba
 import numpy as np
 
+from simulator.kv_cache import whole_cached_tokens
 from simulator.results import FINISHED
 
 ID, NTOK, COMP, LEFT, NEW = range(5)
@@ -48,6 +49,9 @@ def njit(**options: object) -> Callable[[_Kernel], _Kernel]:
     with the arguments and returns what the Python function it compiles declares. The one place the
     compiled modules (this one, ``fast_engine``) take the decorator from."""
     return cast("Callable[[_Kernel], _Kernel]", numba.njit(**options))
+
+
+_whole_cached_tokens = njit(cache=True, inline="always")(whole_cached_tokens)
 
 
 class Log(NamedTuple):
@@ -311,9 +315,7 @@ def resume_tokens(q: Fleet, L: Log, r: int, budget: int) -> int:
     rid = q.iv[r, WHEAD]
     ntok = L.inp[rid - L.off[0]] + L.gen[rid - L.off[0]]
     trim_cache(q, L, r)
-    bs = q.cfg[0]
-    cached = max(min(L.park[rid - L.off[0]] * bs, ntok - 1), 0)
-    cached -= cached % bs
+    cached = _whole_cached_tokens(L.park[rid - L.off[0]], q.cfg[0], ntok)
     q.iv[r, HCACHED] = cached
     return min(ntok - cached, budget)
 

@@ -41,6 +41,14 @@ def blocks_for(tokens: np.ndarray | int, block_size: int) -> np.ndarray | int:
     return -(-tokens // block_size)
 
 
+def whole_cached_tokens(kv_blocks: int, kv_block_size: int, num_tokens: int) -> int:
+    """Tokens of a ``num_tokens`` request that ``kv_blocks`` cached KV blocks let it skip: whole blocks, and
+    never the last token (vLLM always computes at least one to sample from). Also compiled, as is, by
+    ``fast_replica`` (one rule for both engines)."""
+    cached = max(min(kv_blocks * kv_block_size, num_tokens - 1), 0)
+    return cached - cached % kv_block_size
+
+
 class PrefixCache:
     """vLLM's prefix cache over trace prefix blocks: ref-counted blocks of running requests + an LRU free queue."""
 
@@ -90,8 +98,7 @@ class PrefixCache:
 
     def resume_tokens(self, owner: int, num_tokens: int) -> int:
         """Cached tokens of a resumed request without trace blocks: its parked blocks, capped as ``lookup``."""
-        cached = max(min(self.parked(owner) * self.kv_block_size, num_tokens - 1), 0)
-        return cached - cached % self.kv_block_size
+        return whole_cached_tokens(self.parked(owner), self.kv_block_size, num_tokens)
 
     def lookup(self, block_ids: np.ndarray, num_tokens: int, touch: bool = True, owner: int = -1,
                own_from_kv: int = 0) -> int:
@@ -117,8 +124,7 @@ class PrefixCache:
         cached_kv = hits * self.kv_per_block
         if owner >= 0 and cached_kv >= own_from_kv:
             cached_kv = max(cached_kv, own_from_kv + self.parked(owner))
-        cached = max(min(cached_kv * self.kv_block_size, num_tokens - 1), 0)
-        cached -= cached % self.kv_block_size
+        cached = whole_cached_tokens(cached_kv, self.kv_block_size, num_tokens)
         if in_use:  # count only the shared blocks the hit fully covers
             in_use = sum(1 for bid in block_ids[: cached // self.block_tokens].tolist() if bid in refs)
         self.peek_shared_kv = in_use * self.kv_per_block
