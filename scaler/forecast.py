@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import bisect
 import collections
+import functools
 import itertools
 import math
 import statistics
@@ -73,6 +74,12 @@ def thin(samples: Samples, spacing_s: float) -> Samples:
     return tuple(reversed(kept))
 
 
+@functools.lru_cache(maxsize=16)
+def _normal_quantile(p: float) -> float:
+    """The standard normal quantile (one confidence level per config: computed once, not per decision)."""
+    return statistics.NormalDist().inv_cdf(p)
+
+
 def _tie_term(values: np.ndarray) -> float:
     """Sen's (1968) variance correction for tied values: sum of k (k - 1) (2k + 5) over tie groups."""
     return float(sum(k * (k - 1) * (2 * k + 5) for k in collections.Counter(values.tolist()).values()))
@@ -88,12 +95,15 @@ def theil_sen(t: np.ndarray, y: np.ndarray, confidence: float) -> tuple[float, f
         return math.nan, math.nan
     slopes = np.sort((y[:, np.newaxis] - y)[pairs] / dt[pairs])
     n, pairs_n = y.size, slopes.size
-    z = statistics.NormalDist().inv_cdf(min(confidence, 1.0 - confidence) / 2.0)
+    z = _normal_quantile(min(confidence, 1.0 - confidence) / 2.0)
     variance = (n * (n - 1) * (2 * n + 5) - _tie_term(t) - _tie_term(y)) / 18.0
+    # the slopes are sorted: their median is the middle one (or the mean of the two), as np.median gives
+    middle = pairs_n // 2
+    median = float(slopes[middle]) if pairs_n % 2 else float((slopes[middle - 1] + slopes[middle]) / 2.0)
     if not variance >= 0:
-        return float(np.median(slopes)), math.nan
+        return median, math.nan
     low_rank = max(round((pairs_n + z * math.sqrt(variance)) / 2.0) - 1, 0)
-    return float(np.median(slopes)), float(slopes[min(low_rank, pairs_n - 1)])
+    return median, float(slopes[min(low_rank, pairs_n - 1)])
 
 
 def robust_trend(samples: Samples, confidence: float, min_span_s: float, spacing_s: float = 0.0) -> Trend:
@@ -225,6 +235,10 @@ def project_backlog(
     if horizon_s <= 0:
         return max(0.0, backlog)
     dt = horizon_s / PROJECTION_STEPS
+    # no queue now and demand (linear, so largest at one end) never above the ready replicas: the
+    # queue below stays exactly 0 at every step, so skip the steps (the usual steady state)
+    if backlog <= 0 and max(level + slope * dt / 2, level + slope * (horizon_s - dt / 2)) <= ready:
+        return 0.0
     queue = max(0.0, backlog)
     # plain floats, not numpy: these 64 scalar steps run once per object per round, and numpy's
     # per-call overhead made them most of a decision (100 us of it)
