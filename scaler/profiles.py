@@ -8,7 +8,8 @@ them with ``save_profile``). The built-in step-time coefficients are the output 
 rounded to 4 significant digits; ``tests/test_profiles.py`` checks they still match.
 
 Scheduler defaults follow vLLM (0.11, v1 engine): ``max_num_seqs``/``max_num_batched_tokens`` are
-256/2048 on A100 and 1024/8192 on other GPUs with >= 70 GiB; ``gpu_memory_utilization`` 0.9; block 16.
+256/2048 on A100 and 1024/8192 on other GPUs with >= 70 GiB; ``gpu_memory_utilization`` 0.9; block 16;
+``scheduler_reserve_full_isl`` on (vLLM 0.32's default; 0.11 had no such gate: set it false for that).
 
 ``capacity(ttft_slo_s)`` turns a profile into the ``ReplicaCapacity`` the scaler's policy divides
 demand by (see ``capacity`` for the method). It is cached and reads no file, so the live scaler can
@@ -46,6 +47,9 @@ class PerformanceProfile:
     max_num_batched_tokens: int
     max_model_len: int
     source: str = ""
+    scheduler_reserve_full_isl: bool = True
+    """vLLM's ``--scheduler-reserve-full-isl`` (default on since it exists; vLLM 0.11 had no such check):
+    admit a waiting request only if the free KV blocks hold its whole sequence, not just its first chunk."""
 
     def __post_init__(self) -> None:
         problems = [f"{k}={getattr(self, k)!r}: must be an integer > 0"
@@ -54,6 +58,8 @@ class PerformanceProfile:
         if not problems and self.max_model_len > self.memory.kv_cache_tokens:
             problems.append(f"max_model_len={self.max_model_len}: exceeds the KV cache "
                             f"({self.memory.kv_cache_tokens} tokens); vLLM refuses to start")
+        if not isinstance(self.scheduler_reserve_full_isl, bool):
+            problems.append(f"scheduler_reserve_full_isl={self.scheduler_reserve_full_isl!r}: must be true or false")
         if problems:
             raise ValueError(f"invalid profile {self.name!r}: " + "; ".join(problems))
 
@@ -90,6 +96,7 @@ class PerformanceProfile:
         return {"name": self.name, "gpu": self.gpu, "model": self.model,
                 "max_num_seqs": self.max_num_seqs, "max_num_batched_tokens": self.max_num_batched_tokens,
                 "max_model_len": self.max_model_len, "num_gpu_blocks": self.num_gpu_blocks,
+                "scheduler_reserve_full_isl": self.scheduler_reserve_full_isl,
                 "memory": asdict(self.memory), "step_time": self.step_time.to_dict(), "source": self.source}
 
     @classmethod
@@ -99,7 +106,7 @@ class PerformanceProfile:
             raise ValueError(f"{where}: expected a mapping, got {type(data).__name__}")
         required = ("name", "memory", "step_time", "max_num_seqs", "max_num_batched_tokens", "max_model_len")
         missing = [k for k in required if k not in data]
-        known = {*required, "gpu", "model", "source", "num_gpu_blocks"}
+        known = {*required, "gpu", "model", "source", "num_gpu_blocks", "scheduler_reserve_full_isl"}
         unknown = sorted(set(data) - known)
         if missing or unknown:
             raise ValueError(f"{where}: missing keys {missing}, unknown keys {unknown}; allowed {sorted(known)}")
@@ -115,7 +122,8 @@ class PerformanceProfile:
             limits[k] = value
         return cls(name=str(data["name"]), gpu=str(data.get("gpu", "")), model=str(data.get("model", "")),
                    step_time=LinearStepTime.from_dict(data["step_time"]), memory=memory,
-                   source=str(data.get("source", "")), **limits)
+                   source=str(data.get("source", "")),
+                   scheduler_reserve_full_isl=data.get("scheduler_reserve_full_isl", True), **limits)
 
 
 @functools.lru_cache(maxsize=256)

@@ -13,6 +13,7 @@ integer fields ``iv[r, ...]`` and float fields ``fv[r, ...]`` named below; each 
 is a linked list through the requests (``Log.nextw``), since a request waits in at most one queue.
 Prefix caching is modelled as far as a workload without prefix blocks needs it: a preempted request's
 own full blocks stay cached (``park``) and are re-hit on its resume (``PrefixCache.park``/``resume_tokens``).
+The admission gate on the whole sequence and the null block (vLLM 0.32, see ``scheduler``) are in ``cfg``.
 Left out here (the Python engine does them): trace prefix blocks, vLLM's metric counters and histograms.
 """
 
@@ -31,9 +32,10 @@ from simulator.results import FINISHED
 ID, NTOK, COMP, LEFT, NEW = range(5)
 # integer fields of iv[r]
 (N, SHIFT, COMP_SUM, NEW_SUM, FRESH, N_RUNNING, ADM_CACHED, WTOK, OUTST, RUN_K, RUN_DONE, RUN_FIN, VERSION,
- ALL_DEC, FAST, RUN_ON, BUSY, WHEAD, WTAIL, WLEN, PKV, HCACHED, N_INT) = range(23)
+ ALL_DEC, FAST, RUN_ON, BUSY, WHEAD, WTAIL, WLEN, PKV, HCACHED, HFULL, N_INT) = range(24)
 # PKV: the KV blocks preempted requests left cached (``PrefixCache.park``; each one's in ``Log.park``);
-# HCACHED: the cached tokens of the waiting head that ``head_tokens`` last looked at
+# HCACHED: the cached tokens of the waiting head that ``head_tokens`` last looked at; HFULL: the tokens of
+# that head the admission gate must fit (``SchedulerState._head_full``)
 # float fields of fv[r]
 CLOCK, BUSY_UNTIL, RUN_START, RUN_FIRST, RUN_GROWTH, STEP_S, ADM_ATTN, N_FLOAT = range(8)
 # the step-time model's coefficients (LinearStepTime, in its field order)
@@ -73,7 +75,9 @@ class Log(NamedTuple):
 
 
 class Fleet(NamedTuple):
-    """Every replica's state, the profile's limits ``cfg = (block_size, blocks, budget, max_seqs)`` and model."""
+    """Every replica's state, the profile's limits and model: ``cfg = (block_size, blocks, budget, max_seqs,
+    full_cap)`` with ``blocks`` the usable KV blocks (``num_gpu_blocks - 1``: vLLM's null block) and
+    ``full_cap`` the admission gate's token cap (``SchedulerState._full_cap``: max_model_len, or 0 when off)."""
 
     S: np.ndarray
     lefts: np.ndarray
@@ -105,7 +109,9 @@ def new_fleet(replicas: int, profile: object, now: float = 0.0) -> Fleet:
     fv[:, CLOCK] = now
     model = np.array([st.overhead_s, st.floor_s, st.intercept_s, st.per_token_s, st.per_seq_s,
                       st.per_context_token_s, st.prefill_attention_s], np.float64)
-    cfg = np.array([p.block_size, p.num_gpu_blocks, p.max_num_batched_tokens, seqs], np.int64)  # type: ignore[attr-defined]
+    full_cap = p.max_model_len if p.scheduler_reserve_full_isl else 0  # type: ignore[attr-defined]
+    cfg = np.array([p.block_size, p.num_gpu_blocks - 1, p.max_num_batched_tokens, seqs, full_cap],  # type: ignore[attr-defined]
+                   np.int64)
     return Fleet(np.zeros((replicas, 5, seqs), np.int64), np.zeros((replicas, seqs), np.int64), iv, fv, cfg, model)
 
 
@@ -303,6 +309,7 @@ def head_plain(q: Fleet, L: Log, r: int, budget: int, now: float) -> int:
     if L.arrival[rid - L.off[0]] > now:
         return -1
     ntok = L.inp[rid - L.off[0]] + L.gen[rid - L.off[0]]
+    q.iv[r, HFULL] = ntok if ntok < q.cfg[4] else q.cfg[4]
     if q.iv[r, PKV] and L.park[rid - L.off[0]]:  # (PKV first: most steps have nothing parked)
         return PARKED
     q.iv[r, HCACHED] = 0
@@ -318,6 +325,15 @@ def resume_tokens(q: Fleet, L: Log, r: int, budget: int) -> int:
     cached = _whole_cached_tokens(L.park[rid - L.off[0]], q.cfg[0], ntok)
     q.iv[r, HCACHED] = cached
     return min(ntok - cached, budget)
+
+
+@njit(cache=True, inline="always")
+def head_blocks(q: Fleet, r: int, nt: int) -> tuple[int, int]:
+    """``SchedulerState._head_blocks`` (no prefix cache: nothing shared): (gate, alloc) blocks of the head."""
+    bs = q.cfg[0]
+    alloc = -(-(q.iv[r, HCACHED] + nt) // bs)
+    full = -(-q.iv[r, HFULL] // bs)
+    return (full if full > alloc else alloc), alloc
 
 
 @njit(cache=True)
@@ -536,7 +552,7 @@ def preempt(q: Fleet, L: Log, r: int, j: int) -> int:
 def admit(q: Fleet, L: Log, r: int, budget: int, have_free: bool, free: int) -> None:
     """``SchedulerState._admit``: waiting requests FCFS while seats, budget and blocks last."""
     iv, fv, S = q.iv, q.fv, q.S[r]
-    bs, blocks = q.cfg[0], q.cfg[1]
+    blocks = q.cfg[1]
     now, sh = fv[r, CLOCK], iv[r, SHIFT]
     bound = used_bound(q, r)
     while True:
@@ -544,11 +560,11 @@ def admit(q: Fleet, L: Log, r: int, budget: int, have_free: bool, free: int) -> 
         if nt < 0:
             break
         cached = iv[r, HCACHED]
-        want = -(-(cached + nt) // bs)
-        if not have_free and bound + want > blocks:
+        gate, want = head_blocks(q, r, nt)
+        if not have_free and bound + gate > blocks:
             have_free, free = True, blocks - used_blocks(q, r)
         if have_free:
-            if want > free:
+            if gate > free:
                 break
             free -= want
         bound += want
@@ -756,7 +772,7 @@ def plan_run(q: Fleet, L: Log, r: int) -> float:
     if iv[r, WLEN]:
         nt = head_tokens(q, L, r, budget - n, fv[r, CLOCK])
         if nt >= 0:
-            want = -(-(iv[r, HCACHED] + nt) // bs)
+            want = head_blocks(q, r, nt)[0]  # the admission gate
             if (iv[r, COMP_SUM] + n) / bs + n + want <= blocks:
                 return NONE
             held = 0

@@ -130,7 +130,7 @@ class Replica(SchedulerState):
             at=now, replica=self.id, **self.counters, num_requests_running=self.n,
             num_requests_waiting=int(arrived.sum()), kv_cache_usage_perc=self.used_blocks() / self.total_blocks,
             waiting_prompt_tokens=int((log.input_tokens[w] + log.generated[w])[arrived].sum()),
-            num_gpu_blocks=self.total_blocks, block_size=self.bs,
+            num_gpu_blocks=self.num_gpu_blocks, block_size=self.bs,
             prefix_cache_queries=self.prefix.query_tokens if self.prefix else 0,
             prefix_cache_hits=self.prefix.hit_tokens if self.prefix else 0,
             request_prompt_tokens_bucket=tuple(zip((*self.prompt_bucket_bounds, math.inf),
@@ -186,7 +186,7 @@ class Replica(SchedulerState):
             head = self._head_tokens(self.budget - n, self.clock)
             if head is not None:
                 shared = self.prefix.shared_kv if self.prefix is not None else 0
-                want = -(-(head[0] + head[1]) // bs) - (self.prefix.peek_shared_kv if self.prefix is not None else 0)
+                want = self._head_blocks(head[0], head[1])[0]  # the admission gate
                 if ((self.comp_sum + n) / bs + n + want <= total
                         or want <= total + shared - int(((self._S[COMP, :n] + (bs + self.shift)) // bs).sum())):
                     return None  # it would be admitted next step

@@ -1,6 +1,9 @@
 """vLLM v1's scheduling rules for one replica: the general step, admission, preemption, completion.
 
-Imitates vLLM 0.11's v1 ``Scheduler.schedule()`` (chunked prefill always on, FCFS policy):
+Imitates vLLM's v1 ``Scheduler.schedule()`` (chunked prefill always on, FCFS policy), as in 0.11 except
+the admission gate of step 2 and the null block, which follow 0.32 (``tests/test_scheduler_vs_vllm.py``
+checks against its real scheduler). Of ``num_gpu_blocks`` N, N - 1 hold KV (``total_blocks``): vLLM's
+``BlockPool`` keeps one as its null block.
 1. Running requests first, in order: each gets ``min(num_tokens - num_computed_tokens, budget left)``
    new tokens (1 when decoding, a chunk when prefilling) until ``max_num_batched_tokens`` is spent.
    ``allocate_slots`` needs ``ceil((computed + new) / 16)`` blocks; when the free blocks run out the
@@ -9,6 +12,9 @@ Imitates vLLM 0.11's v1 ``Scheduler.schedule()`` (chunked prefill always on, FCF
    own full blocks still cached when it resumes: ``PrefixCache.park``, prefix caching being on by default).
 2. Only if nothing was preempted this step: admit waiting requests FCFS while the budget lasts, fewer
    than ``max_num_seqs`` run and their blocks fit (prefix-cache hits skip computation, ``kv_cache``).
+   With ``scheduler_reserve_full_isl`` (vLLM 0.32's default) the blocks of the whole sequence must fit,
+   ``min(prompt + generated, max_model_len)`` tokens, new and preempted requests alike; else only the
+   first chunk's (0.11). When the head does not fit, admission stops for the step.
 3. After the step, each request whose computed tokens reach its token count samples one token (the
    first one is the TTFT); a request finishes when it has its output length.
 ``num_requests_waiting`` includes preempted requests, as in vLLM. Left out: priorities, the
@@ -54,7 +60,12 @@ class SchedulerState:
                  prefix: tuple[np.ndarray, np.ndarray, int] | None = None) -> None:
         self.profile, self.log, self.itl = profile, log, itl
         self.clock = now
-        self.bs, self.total_blocks = profile.block_size, profile.num_gpu_blocks
+        # vLLM's BlockPool keeps one of its num_gpu_blocks as the null block: the rest are usable
+        self.bs, self.num_gpu_blocks = profile.block_size, profile.num_gpu_blocks
+        self.total_blocks = self.num_gpu_blocks - 1  # usable KV blocks
+        # admission gate on the whole sequence (scheduler_reserve_full_isl): its tokens are capped here; 0: off
+        self._full_cap = profile.max_model_len if profile.scheduler_reserve_full_isl else 0
+        self._head_full = 0  # of the waiting head ``_head_tokens`` last looked at: tokens the gate must fit
         self.budget, self.max_seqs, self.model = profile.max_num_batched_tokens, profile.max_num_seqs, profile.step_time
         self._S = np.zeros((5, profile.max_num_seqs), np.int64)
         self.shift = 0  # tokens added to rows NTOK, COMP, LEFT of every running column, not yet in _S
@@ -131,6 +142,7 @@ class SchedulerState:
         if log.arrival_l[rid] > now:
             return None
         ntok = log.input_l[rid] + int(log.generated[rid])
+        self._head_full = ntok if ntok < self._full_cap else self._full_cap
         if self.prefix is None:
             if not self.cache.parked(rid):
                 return 0, (ntok if ntok < budget else budget)
@@ -140,6 +152,19 @@ class SchedulerState:
         self._trim_cache()
         cached = self._cached(rid, ntok, touch=False)
         return cached, min(ntok - cached, budget)
+
+    def _head_blocks(self, cached: int, nt: int) -> tuple[int, int]:
+        """(gate, alloc): the free KV blocks the waiting head needs to be admitted, and those its first
+        chunk takes (cached blocks it hits in the free queue included, those running requests hold not).
+
+        vLLM's ``allocate_slots`` with ``full_sequence_must_fit`` first checks the blocks of the whole
+        sequence (``min(num_tokens, max_model_len)``: prompt + tokens generated before a preemption), then
+        those of the chunk; both must fit. Without the gate (``_full_cap`` 0) only the chunk's count."""
+        bs = self.bs
+        shared = self.prefix.peek_shared_kv if self.prefix is not None else 0
+        alloc = -(-(cached + nt) // bs)
+        full = -(-self._head_full // bs)
+        return (full if full > alloc else alloc) - shared, alloc - shared
 
     def _own_from_kv(self, rid: int) -> int:
         """The KV block where request ``rid``'s own blocks start: past its full trace blocks (none: 0)."""
@@ -279,18 +304,18 @@ class SchedulerState:
 
     def _admit(self, budget: int, free: int | None) -> None:
         """Admit waiting requests FCFS while seats, budget and blocks last (each one a prefill)."""
-        log, S, bs, now, sh = self.log, self._S, self.bs, self.clock, self.shift
+        log, S, now, sh = self.log, self._S, self.clock, self.shift
         bound = self._used_bound()
         while True:
             head = self._head_tokens(budget, now)
             if head is None:
                 break
             cached, nt = head
-            want = -(-(cached + nt) // bs) - (self.prefix.peek_shared_kv if self.prefix is not None else 0)
-            if free is None and bound + want > self.total_blocks:
+            gate, want = self._head_blocks(cached, nt)
+            if free is None and bound + gate > self.total_blocks:
                 free = self.total_blocks - self.used_blocks()
             if free is not None:
-                if want > free:
+                if gate > free:  # vLLM: allocate_slots returns None and admission stops for this step
                     break
                 free -= want
             bound += want

@@ -9,12 +9,11 @@ request that finished its computed tokens, and our state is stepped with ``_star
 Per step we compare which requests get how many tokens, who is preempted, who samples, who gets a first
 token and who finishes, and the KV blocks held by running requests.
 
-Two configuration choices, each a known difference kept out of the general comparison and pinned by its
-own strict xfail below (so a fix shows up as XPASS):
-- vLLM reserves block 0 as its null block: ``num_blocks = N + 1`` gives ``N`` usable blocks, our ``N``.
-- vLLM (this version) checks at admission that the whole request fits (``scheduler_reserve_full_isl``,
-  on by default); the simulator models the first chunk only, as vLLM 0.11 did, so the general
-  comparison turns the check off.
+Both sides get the same ``num_gpu_blocks`` (vLLM keeps one as its null block, and so do we) and vLLM's
+default admission gate (``scheduler_reserve_full_isl``: the whole sequence must fit, not just its first
+chunk); the random workloads also run with the gate off (``--no-scheduler-reserve-full-isl``, and vLLM
+versions before it), which the profile setting of the same name reproduces. The one known difference
+left is pinned by a strict xfail below (so a fix shows up as XPASS).
 
 Skips when vLLM is not importable, except in CI (``CI=true``), where a missing vLLM fails.
 """
@@ -71,13 +70,12 @@ class Req:
 
 @dataclass(frozen=True)
 class Config:
-    """Scheduler limits shared by both sides; ``blocks`` is the usable KV blocks (ours; vLLM gets one more)."""
+    """Scheduler limits shared by both sides; ``blocks`` is ``num_gpu_blocks`` (one of them the null block)."""
 
     blocks: int
     max_seqs: int
     budget: int
-    reserve_full_isl: bool = False
-    vllm_extra_blocks: int = 1  # vLLM's null block
+    reserve_full_isl: bool = True  # vLLM's default
 
 
 @dataclass
@@ -120,7 +118,7 @@ def vllm_scheduler(model_dir: Path, cfg: Config) -> Scheduler:
                             scheduler_reserve_full_isl=cfg.reserve_full_isl)
     cache = CacheConfig(block_size=BS, enable_prefix_caching=True)
     vllm_config = VllmConfig(model_config=model, scheduler_config=sched, cache_config=cache)
-    num_blocks = cfg.blocks + cfg.vllm_extra_blocks
+    num_blocks = cfg.blocks
     cache.num_gpu_blocks = num_blocks
     spec = FullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=1, dtype=torch.float32)
     kv = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["layer0"], spec)])
@@ -175,14 +173,16 @@ def prefix_blocks(reqs: list[Req]) -> tuple[np.ndarray, np.ndarray, int]:
 
 
 def sim_profile(cfg: Config) -> PerformanceProfile:
-    """A profile with exactly ``cfg.blocks`` KV blocks and 1-second steps (step k runs from k to k + 1)."""
+    """A profile with exactly ``cfg.blocks`` KV blocks (``num_gpu_blocks``) and 1-second steps (step k runs
+    from k to k + 1)."""
     kv_bytes_per_token = 1024
     kv_gib = (cfg.blocks + 0.5) * BS * kv_bytes_per_token / GIB
     memory = MemoryLedger(gpu_memory_gib=1.0 + kv_gib, gpu_memory_utilization=1.0, weights_gib=1.0,
                           activation_gib=0.0, kv_bytes_per_token=kv_bytes_per_token, block_size=BS)
     profile = PerformanceProfile(name="diff", gpu="test", model="test", step_time=ONE_SECOND_STEPS, memory=memory,
                                  max_num_seqs=cfg.max_seqs, max_num_batched_tokens=cfg.budget,
-                                 max_model_len=min(MAX_MODEL_LEN, cfg.blocks * BS))
+                                 max_model_len=min(MAX_MODEL_LEN, cfg.blocks * BS),
+                                 scheduler_reserve_full_isl=cfg.reserve_full_isl)
     assert profile.num_gpu_blocks == cfg.blocks
     return profile
 
@@ -278,7 +278,7 @@ def shared(prefix: tuple[int, ...], tail_from: int, tail: int) -> tuple[int, ...
 # ----- named scenarios -------------------------------------------------------------------------------------
 def test_chunked_prefill_of_a_long_prompt_alongside_decodes(model_dir: Path) -> None:
     """Running decodes take their token first; the long prompt gets the rest of the budget, chunk by chunk."""
-    cfg = Config(blocks=200, max_seqs=6, budget=64)
+    cfg = Config(blocks=201, max_seqs=6, budget=64)
     reqs = [Req(0, tokens(0, 20), 40), Req(0, tokens(1000, 35), 30), Req(1, tokens(2000, 17), 25),
             Req(4, tokens(3000, 700), 5), Req(6, tokens(4000, 50), 10), Req(6, tokens(5000, 3), 8)]
     trace = assert_same(model_dir, cfg, reqs)
@@ -289,7 +289,7 @@ def test_chunked_prefill_of_a_long_prompt_alongside_decodes(model_dir: Path) -> 
 
 def test_kv_exhaustion_preempts_newest_and_resumes(model_dir: Path) -> None:
     """A tight cache: decodes outgrow it, the newest running request is preempted and later resumed."""
-    cfg = Config(blocks=24, max_seqs=4, budget=128)
+    cfg = Config(blocks=25, max_seqs=4, budget=128)
     reqs = [Req(0, tokens(0, 60), 90), Req(0, tokens(1000, 50), 80), Req(1, tokens(2000, 70), 70),
             Req(2, tokens(3000, 40), 60), Req(30, tokens(4000, 30), 20)]
     trace = assert_same(model_dir, cfg, reqs)
@@ -298,7 +298,7 @@ def test_kv_exhaustion_preempts_newest_and_resumes(model_dir: Path) -> None:
 
 def test_prefix_hits_skip_shared_blocks(model_dir: Path) -> None:
     """Requests sharing a system prompt hit its cached blocks, also while the first is still prefilling."""
-    cfg = Config(blocks=120, max_seqs=8, budget=96)
+    cfg = Config(blocks=121, max_seqs=8, budget=96)
     system = tokens(0, 5 * BS)
     reqs = [Req(0, shared(system, 1000, 40), 6), Req(1, shared(system, 2000, 9), 4),
             Req(3, shared(system[: 3 * BS], 3000, 50), 5), Req(3, shared(system, 4000, 0), 3),
@@ -309,7 +309,7 @@ def test_prefix_hits_skip_shared_blocks(model_dir: Path) -> None:
 
 def test_prefix_hits_under_preemption(model_dir: Path) -> None:
     """Shared prefixes in a cache tight enough to preempt: released shared blocks and resumes."""
-    cfg = Config(blocks=20, max_seqs=5, budget=64)
+    cfg = Config(blocks=21, max_seqs=5, budget=64)
     system = tokens(0, 4 * BS)
     reqs = [Req(0, shared(system, 1000, 20), 60), Req(0, shared(system, 2000, 30), 70),
             Req(2, shared(system, 3000, 10), 80), Req(3, shared(system[:BS * 2], 4000, 25), 50),
@@ -334,40 +334,42 @@ def test_gap_resume_after_a_later_finish_evicted_its_blocks(model_dir: Path) -> 
     """Found by a property-test search (no trace blocks, the simulator's mode for most traces): at step 163
     request 6 resumes after its preemption; we find its first block still parked (start 16), vLLM has evicted
     it for allocations after later finishes (start 0), so 16 tokens more are computed and one block less held."""
-    cfg = Config(blocks=17, max_seqs=5, budget=64)
+    cfg = Config(blocks=18, max_seqs=5, budget=64, reserve_full_isl=False)
     spec = [(0, 89, 16), (4, 10, 83), (8, 51, 8), (4, 112, 53), (8, 10, 83), (9, 3, 70), (10, 149, 47),
             (0, 157, 62), (0, 28, 89), (10, 153, 36)]
     reqs = [Req(a, tokens(100_000 + 1000 * i, n), o) for i, (a, n, o) in enumerate(spec)]
     assert_same(model_dir, cfg, reqs, with_prefix=False)
 
 
-GAP_FULL_ISL = (
-    "GAP_FULL_ISL: the installed vLLM's admission gate (SchedulerConfig.scheduler_reserve_full_isl, default True; "
-    "scheduler.py passes full_sequence_must_fit to allocate_slots, which returns None unless the blocks of the "
-    "whole request fit) is not modelled: the simulator admits when the first chunk's blocks fit; the other "
-    "tests turn it off.")
+def test_admission_checks_the_whole_sequence(model_dir: Path) -> None:
+    """A long prompt arrives while decodes hold most of the cache: its first chunk fits, the whole does not,
+    so it waits (and admission stops there, FCFS) until a finish frees enough for all of it."""
+    cfg = Config(blocks=31, max_seqs=4, budget=64)
+    reqs = [Req(0, tokens(0, 150), 60), Req(0, tokens(1000, 100), 60), Req(3, tokens(2000, 300), 5),
+            Req(4, tokens(3000, 20), 5)]
+    trace = assert_same(model_dir, cfg, reqs)
+    admitted = next(k for k, s in enumerate(trace.steps) if 2 in s.scheduled)
+    assert admitted > 3 and any(0 in s.finished or 1 in s.finished for s in trace.steps[:admitted])
+    assert all(3 not in s.scheduled for s in trace.steps[:admitted])  # FCFS: nobody overtakes the head
 
 
-@pytest.mark.xfail(strict=True, reason=GAP_FULL_ISL)
-def test_gap_admission_checks_the_whole_prompt(model_dir: Path) -> None:
-    """A long prompt arrives while decodes hold most of the cache: its first chunk fits, the whole does not."""
-    cfg = Config(blocks=30, max_seqs=4, budget=64, reserve_full_isl=True)
+def test_admission_of_the_first_chunk_only_when_the_gate_is_off(model_dir: Path) -> None:
+    """``--no-scheduler-reserve-full-isl`` (and vLLM before the flag): the first chunk's blocks are enough;
+    the long prompt is admitted at once and its later chunks preempt the decodes."""
+    cfg = Config(blocks=31, max_seqs=4, budget=64, reserve_full_isl=False)
     reqs = [Req(0, tokens(0, 150), 60), Req(0, tokens(1000, 100), 60), Req(3, tokens(2000, 300), 5)]
-    assert_same(model_dir, cfg, reqs)
+    trace = assert_same(model_dir, cfg, reqs)
+    assert 2 in trace.steps[3].scheduled
+    assert sum(len(s.preempted) for s in trace.steps) >= 1
 
 
-GAP_NULL_BLOCK = (
-    "GAP_NULL_BLOCK: vLLM's BlockPool takes block 0 as its null block (block_pool.py: self.null_block = "
-    "self.free_block_queue.popleft()), so num_gpu_blocks N leaves N - 1 usable; the simulator uses all N "
-    "(profile.num_gpu_blocks). The comparisons above give vLLM N + 1.")
-
-
-@pytest.mark.xfail(strict=True, reason=GAP_NULL_BLOCK)
-def test_gap_null_block(model_dir: Path) -> None:
-    """Equal num_gpu_blocks: vLLM runs out one block earlier, so it preempts a step earlier."""
-    cfg = Config(blocks=24, max_seqs=4, budget=128, vllm_extra_blocks=0)
+def test_null_block(model_dir: Path) -> None:
+    """Equal num_gpu_blocks: one of them is vLLM's null block, so both run out (and preempt) at N - 1 held."""
+    cfg = Config(blocks=24, max_seqs=4, budget=128)
     reqs = [Req(0, tokens(0, 60), 90), Req(0, tokens(1000, 50), 80), Req(1, tokens(2000, 70), 70)]
-    assert_same(model_dir, cfg, reqs)
+    trace = assert_same(model_dir, cfg, reqs)
+    assert max(s.used_blocks for s in trace.steps) == cfg.blocks - 1
+    assert sum(len(s.preempted) for s in trace.steps) >= 1
 
 
 # ----- random workloads ------------------------------------------------------------------------------------
@@ -376,8 +378,8 @@ def workloads(draw: st.DrawFn) -> tuple[Config, list[Req], bool]:
     """Small streams, often too big for the cache: prefix families (shared leading blocks), mixed lengths,
     arrivals over a few steps. Without trace blocks (``with_prefix`` False: the simulator's mode for traces
     that name no prefixes) prompts share nothing, as such a trace would tell us nothing about sharing."""
-    cfg = Config(blocks=draw(st.integers(10, 60)), max_seqs=draw(st.integers(2, 8)),
-                 budget=draw(st.sampled_from([32, 48, 64, 100, 128, 256, 512])))
+    cfg = Config(blocks=draw(st.integers(11, 61)), max_seqs=draw(st.integers(2, 8)),
+                 budget=draw(st.sampled_from([32, 48, 64, 100, 128, 256, 512])), reserve_full_isl=draw(st.booleans()))
     with_prefix = draw(st.booleans())
     n_families = draw(st.integers(0, 3)) if with_prefix else 0
     families = [tokens(10_000 * (f + 1), draw(st.integers(1, 4)) * BS) for f in range(n_families)]
@@ -387,9 +389,10 @@ def workloads(draw: st.DrawFn) -> tuple[Config, list[Req], bool]:
         head = families[fam][: draw(st.integers(1, len(families[fam]) // BS)) * BS] if fam >= 0 else ()
         prompt = head + tokens(100_000 + 1000 * i, draw(st.integers(0 if head else 1, 160)))
         output = draw(st.integers(1, 90))
-        # one request alone must fit the cache, else vLLM (and we) preempt it forever
-        prompt = prompt[: cfg.blocks * BS - 1]
-        output = min(output, cfg.blocks * BS - len(prompt))
+        # one request alone must fit the usable cache (less the null block), else vLLM (and we) preempt it
+        # forever (or, with the admission gate, never admit it again)
+        prompt = prompt[: (cfg.blocks - 1) * BS - 1]
+        output = min(output, (cfg.blocks - 1) * BS - len(prompt))
         reqs.append(Req(draw(st.integers(0, 12)), prompt, output))
     return cfg, reqs, with_prefix
 

@@ -89,53 +89,54 @@ CASES: dict[str, Callable[[], tuple[str, dict[str, Any]]]] = {
 }
 
 # name -> (digest of the per-request columns or TTFTs, pinned summary values); computed before issue 15,
-# re-pinned by issue 12 where a change of the model moved them (see that commit's message)
+# re-pinned by issue 12 and by vLLM 0.32's admission gate and null block where a change of the model moved
+# them (see those commits' messages)
 PINNED: dict[str, tuple[str, dict[str, Any]]] = {
     'poisson-30-2rep': ('4c8badcca8e40ff5', {
         'completed': 3602, 'preemptions': 0, 'ttft_p99': 0.17104215394507466, 'itl_p50': 0.013883533099290456,
-        'kv_usage_max': 0.26489498499785685, 'duration_s': 134.9420367111554,
+        'kv_usage_max': 0.26490444722271833, 'duration_s': 134.9420367111554,
     }),
     'poisson-100-10rep': ('2f4d1878848b2df8', {
         'completed': 5986, 'preemptions': 0, 'ttft_p99': 0.13087097291779887, 'itl_p50': 0.010292005271944286,
-        'kv_usage_max': 0.09490641520217175, 'duration_s': 74.77534798852899,
+        'kv_usage_max': 0.094909805322379, 'duration_s': 74.77534798852899,
     }),
     'overload-preempt-a100': ('ca14c7e5680890c3', {
         'completed': 1249, 'preemptions': 0, 'ttft_p99': 55.679535106429356, 'itl_p50': 0.1747833262418219,
-        'kv_usage_max': 0.7662470108313405, 'duration_s': 180.72469625199557,
+        'kv_usage_max': 0.7662739581501671, 'duration_s': 180.72469625199557,
     }),
     'gamma-random-router': ('c529a8e4c15e06bb', {
         'completed': 2380, 'preemptions': 0, 'ttft_p99': 0.38892917471969146, 'itl_p50': 0.012232071190499313,
-        'kv_usage_max': 0.31561651664523505, 'duration_s': 78.85812094968288,
+        'kv_usage_max': 0.3156277906769066, 'duration_s': 78.85812094968288,
     }),
     'round-robin-70b': ('05db14803e36566a', {
         'completed': 811, 'preemptions': 0, 'ttft_p99': 41.095889265301615, 'itl_p50': 0.13883533099290457,
-        'kv_usage_max': 0.579215519775303, 'duration_s': 256.88716077095916,
+        'kv_usage_max': 0.5792344372591286, 'duration_s': 256.88716077095916,
     }),
-    'waiting-limit': ('206cf96a202526f6', {
-        'completed': 1553, 'preemptions': 48, 'ttft_p99': 1.4034071173547642, 'itl_p50': 0.05401321147646348,
-        'kv_usage_max': 0.9997856836690956, 'duration_s': 87.42715218146539,
+    'waiting-limit': ('731f1b9c39e1c8c4', {
+        'completed': 1565, 'preemptions': 34, 'ttft_p99': 1.2715234824082593, 'itl_p50': 0.06201546436537854,
+        'kv_usage_max': 0.9983925701018039, 'duration_s': 85.63886905433543,
     }),
     'mooncake-prefix': ('98df314f25b28c14', {
         'completed': 2251, 'preemptions': 0, 'ttft_p99': 3.8518233581253014, 'itl_p50': 0.010057730630017381,
-        'kv_usage_max': 0.36137305329332764, 'duration_s': 604.9063521720499,
+        'kv_usage_max': 0.3613859617788891, 'duration_s': 604.9063521720499,
     }),
-    'mooncake-prefix-preempt': ('44acdcd79516bc26', {
-        'completed': 2251, 'preemptions': 404, 'ttft_p99': 628.3751643504224, 'itl_p50': 0.0352776786618874,
-        'kv_usage_max': 0.9994642091727389, 'duration_s': 1237.7039645055725,
+    'mooncake-prefix-preempt': ('1abc13b1f5230f83', {
+        'completed': 2251, 'preemptions': 3, 'ttft_p99': 624.5380147709902, 'itl_p50': 0.05655877570891538,
+        'kv_usage_max': 0.999106983389891, 'duration_s': 1233.7061741992295,
     }),
-    'preempt-heavy': ('53262aa98058233a', {
-        'completed': 4822, 'preemptions': 161, 'ttft_p99': 169.82451814634084, 'itl_p50': 0.0672202309111567,
-        'kv_usage_max': 0.9999285612230319, 'duration_s': 257.9559395359755,
+    'preempt-heavy': ('d1ad03e0aa0b6e8e', {
+        'completed': 4822, 'preemptions': 168, 'ttft_p99': 169.86441181726843, 'itl_p50': 0.06799860450033224,
+        'kv_usage_max': 0.9999642793355956, 'duration_s': 258.05591063516476,
     }),
-    'bursty-preempt-2rep': ('699b95a62f5fe07c', {
-        'completed': 5055, 'preemptions': 123, 'ttft_p99': 20.693629039535637, 'itl_p50': 0.042413098391048815,
-        'kv_usage_max': 1.0, 'duration_s': 156.18800564913138,
+    'bursty-preempt-2rep': ('0049b4e25446424b', {
+        'completed': 5055, 'preemptions': 121, 'ttft_p99': 21.082716476836236, 'itl_p50': 0.043401026364474404,
+        'kv_usage_max': 0.999607072691552, 'duration_s': 156.72445314063526,
     }),
     'autoscaled-leadscale': ('23cab4882e428c45', {
         'gpu_hours': 0.41215606893737483, 'ttft_p95': 0.21282165799689115, 'slo_attainment': 0.9998197711093089,
     }),
-    'autoscaled-waiting-requests': ('c034a368df15e3a4', {
-        'gpu_hours': 1.0621535809924292, 'ttft_p95': 2.447083719227498, 'slo_attainment': 0.9261061548166171,
+    'autoscaled-waiting-requests': ('c14d6f612b394d5f', {
+        'gpu_hours': 1.0621535809924292, 'ttft_p95': 2.447727331425631, 'slo_attainment': 0.9261962692619627,
     }),
 }
 
