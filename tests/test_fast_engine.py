@@ -36,11 +36,13 @@ def assert_same(w: Workload, profile: Any, replicas: int, **kw: Any) -> dict[str
 @pytest.mark.parametrize(("spec", "profile", "replicas", "kw"), [
     (dict(name="poisson", rate=30.0, duration=60.0), "h100-llama3-8b", 2, {}),
     (dict(name="poisson", rate=250.0, duration=20.0), "h100-llama3-8b", 10, {}),
-    (dict(name="default", rate=120.0, duration=60.0), "a100-llama3-8b", 3, {}),  # preemption
+    # an overloaded A100 fleet (queueing, no preemption: its KV cache holds the default mix even at 120 req/s
+    # on one replica); preemption storms are test_compiled_equals_reference_on_random_workloads' job
+    (dict(name="default", rate=120.0, duration=60.0), "a100-llama3-8b", 3, {}),
     (dict(name="default", rate=8.0, duration=90.0), "a100-llama2-70b-tp4", 2, {"router": "round-robin"}),
     (dict(name="poisson", rate=60.0, duration=40.0), "h100-llama3-8b", 1, {"waiting_tokens_limit": 20_000.0}),
     (dict(name="gamma", rate=50.0, duration=60.0, cv=4.0), "h200-llama3-8b", 2, {}),
-], ids=["light", "busy-10", "preempt", "round-robin-70b", "429-limit", "bursty"])
+], ids=["light", "busy-10", "overload-a100", "round-robin-70b", "429-limit", "bursty"])
 def test_compiled_equals_reference(spec: dict[str, Any], profile: str, replicas: int, kw: dict[str, Any]) -> None:
     params = dict(spec)
     w = builtin(params.pop("name"), seed=3, **params)
