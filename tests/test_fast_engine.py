@@ -97,3 +97,19 @@ def test_progress_reports_arrivals_in_chunks() -> None:
     seen: list[int] = []
     simulate_fixed(w, get_profile("h100-llama3-8b"), 2, progress=seen.append, chunk=100)
     assert seen == sorted(seen) and seen[-1] == len(w) and len(seen) >= len(w) // 100
+
+
+GAP_GATE_OVERLOAD = (
+    "known defect (found by benchmarks/bench_simulator.py --rate 250): with vLLM 0.32's admission gate on, one "
+    "overloaded h100 replica at 250 req/s diverges between the engines from t = 15.8 s on (request 483 first "
+    "scheduled at 15.83 s compiled, 16.03 s reference; 575 against 563 preemptions over 60 s); gate off: identical")
+
+
+@pytest.mark.parametrize("gate", [pytest.param(True, marks=pytest.mark.xfail(strict=True, reason=GAP_GATE_OVERLOAD)),
+                                  False], ids=["gate-on", "gate-off"])
+def test_compiled_equals_reference_on_an_overloaded_replica(gate: bool) -> None:
+    """Thousands of requests queued on one replica with preemptions: the random tiny workloads above never
+    reach this regime (both engines agreed on all of them with the gate drawn at random)."""
+    w = builtin("poisson", seed=0, rate=250.0, duration=20.0)
+    s = assert_same(w, replace(get_profile("h100-llama3-8b"), scheduler_reserve_full_isl=gate), 1)
+    assert s["preemptions"] > 0
