@@ -75,6 +75,16 @@ class PerformanceProfile:
     def num_gpu_blocks(self) -> int:
         return self.memory.num_gpu_blocks
 
+    @property
+    def usable_blocks(self) -> int:
+        """KV blocks that hold tokens: vLLM's ``BlockPool`` keeps one of ``num_gpu_blocks`` as its null block."""
+        return self.memory.num_gpu_blocks - 1
+
+    @property
+    def admission_cap(self) -> int:
+        """Tokens of a waiting request the whole-sequence admission gate must fit (``max_model_len``); 0: off."""
+        return self.max_model_len if self.scheduler_reserve_full_isl else 0
+
     def capacity(self, ttft_slo_s: float, tpot_slo_s: float = DEFAULT_TPOT_SLO_S,
                  context_tokens: int = DEFAULT_CONTEXT_TOKENS) -> ReplicaCapacity:
         """What one replica sustains within the SLO; the two rates are *time-shared* by one GPU.

@@ -109,8 +109,7 @@ def new_fleet(replicas: int, profile: object, now: float = 0.0) -> Fleet:
     fv[:, CLOCK] = now
     model = np.array([st.overhead_s, st.floor_s, st.intercept_s, st.per_token_s, st.per_seq_s,
                       st.per_context_token_s, st.prefill_attention_s], np.float64)
-    full_cap = p.max_model_len if p.scheduler_reserve_full_isl else 0  # type: ignore[attr-defined]
-    cfg = np.array([p.block_size, p.num_gpu_blocks - 1, p.max_num_batched_tokens, seqs, full_cap],  # type: ignore[attr-defined]
+    cfg = np.array([p.block_size, p.usable_blocks, p.max_num_batched_tokens, seqs, p.admission_cap],  # type: ignore[attr-defined]
                    np.int64)
     return Fleet(np.zeros((replicas, 5, seqs), np.int64), np.zeros((replicas, seqs), np.int64), iv, fv, cfg, model)
 

@@ -60,11 +60,9 @@ class SchedulerState:
                  prefix: tuple[np.ndarray, np.ndarray, int] | None = None) -> None:
         self.profile, self.log, self.itl = profile, log, itl
         self.clock = now
-        # vLLM's BlockPool keeps one of its num_gpu_blocks as the null block: the rest are usable
         self.bs, self.num_gpu_blocks = profile.block_size, profile.num_gpu_blocks
-        self.total_blocks = self.num_gpu_blocks - 1  # usable KV blocks
-        # admission gate on the whole sequence (scheduler_reserve_full_isl): its tokens are capped here; 0: off
-        self._full_cap = profile.max_model_len if profile.scheduler_reserve_full_isl else 0
+        self.total_blocks = profile.usable_blocks  # less vLLM's null block
+        self._full_cap = profile.admission_cap  # the whole-sequence admission gate's token cap; 0: off
         self._head_full = 0  # of the waiting head ``_head_tokens`` last looked at: tokens the gate must fit
         self.budget, self.max_seqs, self.model = profile.max_num_batched_tokens, profile.max_num_seqs, profile.step_time
         self._S = np.zeros((5, profile.max_num_seqs), np.int64)
