@@ -222,7 +222,7 @@ def simulate_fixed(workload: Any, profile: Any, replicas: int, router: str = "au
     n_req = len(log)
     L = Log(log.arrival_s, log.input_tokens, log.input_tokens + log.output_tokens, log.first_token_s, log.finish_s,
             log.first_scheduled_s, log.generated, log.preemptions, log.replica, log.status,
-            np.full(n_req, -1, np.int64), np.zeros(n_req, np.int64), np.zeros(1, np.int64))
+            np.full(n_req, -1, np.int64), np.zeros(n_req, np.int64), np.zeros(n_req, np.int64), np.zeros(1, np.int64))
     q = fr.new_fleet(replicas, profile)
     itl, h, hp, G, Gf, kv = loop_buffers(replicas)
     G[NREQ], G[FINAL] = n_req, 1

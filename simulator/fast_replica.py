@@ -32,8 +32,10 @@ from simulator.results import FINISHED
 ID, NTOK, COMP, LEFT, NEW = range(5)
 # integer fields of iv[r]
 (N, SHIFT, COMP_SUM, NEW_SUM, FRESH, N_RUNNING, ADM_CACHED, WTOK, OUTST, RUN_K, RUN_DONE, RUN_FIN, VERSION,
- ALL_DEC, FAST, RUN_ON, BUSY, WHEAD, WTAIL, WLEN, PKV, HCACHED, HFULL, N_INT) = range(24)
+ ALL_DEC, FAST, RUN_ON, BUSY, WHEAD, WTAIL, WLEN, PKV, FKV, HCACHED, HFULL, N_INT) = range(25)
 # PKV: the KV blocks preempted requests left cached (``PrefixCache.park``; each one's in ``Log.park``);
+# FKV: the full blocks finished requests freed behind them in the free queue (``PrefixCache.retire``; those
+# freed after a parked request and before the next newer one are in ``Log.fill`` of that request);
 # HCACHED: the cached tokens of the waiting head that ``head_tokens`` last looked at; HFULL: the tokens of
 # that head the admission gate must fit (``SchedulerState._head_full``)
 # float fields of fv[r]
@@ -71,6 +73,7 @@ class Log(NamedTuple):
     status: np.ndarray
     nextw: np.ndarray  # the next request in the same waiting queue
     park: np.ndarray  # KV blocks a preempted request left cached and not evicted (0: none)
+    fill: np.ndarray  # of a preempted request: retired blocks freed after its parking, before a newer one's
     off: np.ndarray  # (1,): the request id of row 0 (a streamed run keeps a window of requests, not all)
 
 
@@ -339,27 +342,35 @@ def head_blocks(q: Fleet, r: int, nt: int) -> tuple[int, int]:
 def trim_cache(q: Fleet, L: Log, r: int) -> None:
     """``SchedulerState._trim_cache``: evict parked blocks that no longer fit beside the blocks held.
 
-    ``PrefixCache.trim`` evicts the least recently parked first, each from its tail, until ``room`` are
-    left. Parked requests wait at the head of ``waiting`` (a preemption puts a request there), the most
-    recently preempted first, so walking it from the head and letting each keep what room is left does
-    the same without a list of its own (no per-request columns beyond ``Log.park``).
+    ``PrefixCache.trim`` evicts the least recently freed first, a parked request's blocks from their tail,
+    until ``room`` are left. Parked requests wait at the head of ``waiting`` (a preemption puts a request
+    there), the most recently preempted first, each with the retired blocks freed after it (``Log.fill``), so
+    walking it from the head and letting each keep what room is left, its retired blocks first, does the
+    same without a list of its own (retired blocks older than every parked one are taken before any: not
+    tracked).
     """
     iv = q.iv
-    if not (iv[r, PKV] and iv[r, PKV] + used_bound(q, r) > q.cfg[1]):
+    if not (iv[r, PKV] and iv[r, PKV] + iv[r, FKV] + used_bound(q, r) > q.cfg[1]):
         return
     room = q.cfg[1] - used_blocks(q, r)
-    if iv[r, PKV] <= room:
+    if iv[r, PKV] + iv[r, FKV] <= room:
         return
     keep = max(room, 0)
-    iv[r, PKV] = keep
+    parked = filled = 0
     rid = iv[r, WHEAD]
     while rid != -1 and L.preempt[rid - L.off[0]] > 0:  # the preempted requests at the head of waiting
         i = rid - L.off[0]
+        if L.fill[i] > keep:
+            L.fill[i] = keep
+        keep -= L.fill[i]
+        filled += L.fill[i]
         kv = L.park[i]
         if kv > keep:
             L.park[i] = kv = keep
         keep -= kv
+        parked += kv
         rid = L.nextw[i]
+    iv[r, PKV], iv[r, FKV] = parked, filled
 
 
 @njit(cache=True, inline="always")
@@ -368,6 +379,28 @@ def park(q: Fleet, L: Log, r: int, rid: int, kv: int) -> None:
     if kv > 0:
         q.iv[r, PKV] += kv - L.park[rid - L.off[0]]
         L.park[rid - L.off[0]] = kv
+
+
+@njit(cache=True)
+def unfill(q: Fleet, L: Log, r: int, rid: int) -> None:
+    """``rid`` left the parked run of ``waiting``: the retired blocks freed after it now follow the next older
+    parked request (``PrefixCache`` keeps them in place), or, with none, are older than every parked one."""
+    i = rid - L.off[0]
+    nxt = q.iv[r, WHEAD]
+    if nxt != -1 and L.preempt[nxt - L.off[0]] > 0:
+        L.fill[nxt - L.off[0]] += L.fill[i]
+    else:
+        q.iv[r, FKV] -= L.fill[i]
+    L.fill[i] = 0
+
+
+@njit(cache=True, inline="always")
+def retire(q: Fleet, L: Log, r: int, kv: int) -> None:
+    """``PrefixCache.retire``: a finished request's ``kv`` full blocks join the free queue's tail, behind the
+    newest parked request (tracked only while one is parked: older ones are taken before any parked)."""
+    if kv > 0:
+        L.fill[q.iv[r, WHEAD] - L.off[0]] += kv
+        q.iv[r, FKV] += kv
 
 
 @njit(cache=True, inline="always")
@@ -572,6 +605,8 @@ def admit(q: Fleet, L: Log, r: int, budget: int, have_free: bool, free: int) -> 
         iv[r, WTOK] -= ntok
         if iv[r, PKV]:
             unpark(q, L, r, rid)
+        if L.fill[rid - L.off[0]]:
+            unfill(q, L, r, rid)
         left = ntok - L.tok[rid - L.off[0]] - sh
         n = iv[r, N]
         S[ID, n], S[NTOK, n], S[COMP, n], S[LEFT, n], S[NEW, n] = rid, ntok - sh, cached - sh, left, nt
@@ -670,6 +705,8 @@ def finish_done(q: Fleet, L: Log, r: int, end: float) -> None:
         if S[LEFT, j] + sh == 0:  # exactly k columns (true LEFT <= 0)
             rid = S[ID, j]
             iv[r, COMP_SUM] -= S[COMP, j] + sh
+            if iv[r, PKV]:
+                retire(q, L, r, (S[COMP, j] + sh) // q.cfg[0])
             L.finish[rid - L.off[0]] = end
             L.status[rid - L.off[0]] = FINISHED
             L.gen[rid - L.off[0]] = L.tok[rid - L.off[0]] - L.inp[rid - L.off[0]]

@@ -68,7 +68,7 @@ class _Window:
     """The requests the loop can see: rows ``[0, n)`` are requests ``off .. off + n``."""
 
     COLUMNS = ("arrival", "inp", "tok", "first_tok", "finish", "first_sched", "gen", "preempt", "repl", "status",
-               "nextw", "park")
+               "nextw", "park", "fill")
 
     def __init__(self, capacity: int) -> None:
         self.n = 0
@@ -82,7 +82,7 @@ class _Window:
                    nan.copy(), nan.copy(),
                    np.zeros(capacity, np.int64), np.zeros(capacity, np.int32), np.full(capacity, -1, np.int32),
                    np.zeros(capacity, np.int8), np.full(capacity, -1, np.int64), np.zeros(capacity, np.int64),
-                   np.array([off], np.int64))
+                   np.zeros(capacity, np.int64), np.array([off], np.int64))
 
     @property
     def capacity(self) -> int:
@@ -124,7 +124,7 @@ class _Window:
         L.arrival[a:b], L.inp[a:b], L.tok[a:b], output[a:b] = w.arrival_s, inp, inp + out, out
         L.first_tok[a:b] = L.finish[a:b] = L.first_sched[a:b] = np.nan
         L.gen[a:b], L.preempt[a:b], L.repl[a:b], L.nextw[a:b] = 0, 0, -1, -1
-        L.park[a:b] = 0
+        L.park[a:b] = L.fill[a:b] = 0
         L.status[a:b] = np.where(inp >= max_model_len, REJECTED, PENDING)
         self.n = b
         return output

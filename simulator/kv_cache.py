@@ -24,6 +24,14 @@ block hashes). ``PrefixCache`` tracks them the way vLLM tracks its hashed blocks
   continues past its trace blocks into what is left of them, and the request takes them back
   (``acquire``); nobody else can hit them (their content is the request's own). A workload without
   trace blocks keeps only such entries (``SchedulerState.cache``: vLLM's prefix caching is on by default).
+- a finished request's full blocks past its trace blocks (the rest of its prompt and its output: vLLM
+  hashes every full block) take their place in the same queue too (``retire``). Nobody hits them, but
+  allocations take them only in their turn, so a parked request's blocks are evicted before those of a
+  request that finished after it (vLLM 0.32's ``BlockPool.free_blocks`` appends hashed blocks to the tail
+  and ``get_new_blocks`` pops the head). A retired entry matters only while it is newer than some parked
+  entry, so without trace blocks it is kept only while something is parked. Blocks never hashed (a
+  partial last block, one never used) are *prepended* by vLLM, so they are taken first: the free blocks
+  outside the queue here.
 Left out: a block recomputed while an equal one is cached is kept private (not deduplicated);
 output-token blocks are never reused by another request (trace ids describe prompts only), only by their
 own after a preemption.
@@ -49,6 +57,10 @@ def whole_cached_tokens(kv_blocks: int, kv_block_size: int, num_tokens: int) -> 
     return cached - cached % kv_block_size
 
 
+RETIRED_KEYS = -(1 << 62)
+"""Retired entries' keys in the free queue count down from here (parked ones are ``-1 - owner``, trace ids >= 0)."""
+
+
 class PrefixCache:
     """vLLM's prefix cache over trace prefix blocks: ref-counted blocks of running requests + an LRU free queue."""
 
@@ -62,6 +74,9 @@ class PrefixCache:
         self.kv_per_block = max(block_tokens // kv_block_size, 1)
         self._free: OrderedDict[int, int] = OrderedDict()  # cached, held by nobody, LRU first: id -> KV blocks
         self._free_kv = 0  # KV blocks of ``_free`` (a trace block: kv_per_block; a parked request: its own)
+        self._parked: set[int] = set()  # keys of ``_free`` that are parked requests (the rest: trace or retired)
+        self.parked_kv = 0  # KV blocks of the parked entries
+        self._retired = 0  # retired entries so far: their keys count down from RETIRED_KEYS
         self._refs: dict[int, int] = {}  # cached and held by running requests: reference counts
         self._held: dict[int, list[int]] = {}  # request id -> the blocks it holds references on
         self.shared_kv = 0  # KV blocks saved by sharing: kv_per_block * sum(refs - 1)
@@ -87,14 +102,29 @@ class PrefixCache:
         """Preempted ``owner``'s own full KV blocks (past its trace blocks) stay cached in the free queue."""
         if kv_blocks > 0:
             self.unpark(owner)
-            self._free[-1 - owner] = kv_blocks
+            key = -1 - owner
+            self._free[key] = kv_blocks
             self._free_kv += kv_blocks
+            self._parked.add(key)
+            self.parked_kv += kv_blocks
 
     def unpark(self, owner: int) -> int:
         """``owner`` is admitted again: its parked blocks leave the free queue (held again, or useless)."""
-        kv = self._free.pop(-1 - owner, 0)
+        key = -1 - owner
+        kv = self._free.pop(key, 0)
         self._free_kv -= kv
+        if key in self._parked:
+            self._parked.discard(key)
+            self.parked_kv -= kv
         return kv
+
+    def retire(self, kv_blocks: int) -> None:
+        """``kv_blocks`` freed full blocks nobody will hit (a finished request's own) join the free queue's tail:
+        evicted after every entry freed before them, before every one freed after."""
+        if kv_blocks > 0:
+            self._retired += 1
+            self._free[RETIRED_KEYS - self._retired] = kv_blocks
+            self._free_kv += kv_blocks
 
     def resume_tokens(self, owner: int, num_tokens: int) -> int:
         """Cached tokens of a resumed request without trace blocks: its parked blocks, capped as ``lookup``."""
@@ -169,9 +199,13 @@ class PrefixCache:
                 refs[bid] = 1
                 held.append(bid)
 
-    def release(self, owner: int, park_kv: int = 0) -> int:
-        """``owner`` finished or was preempted (``park_kv``: its own full KV blocks past its trace blocks, parked
-        first: vLLM frees the tail first); drop its references; returns KV blocks others still hold."""
+    def release(self, owner: int, park_kv: int = 0, retire_kv: int = 0) -> int:
+        """``owner`` finished or was preempted; drop its references; returns KV blocks others still hold.
+
+        vLLM frees a request's blocks tail first, so its full blocks join the free queue in this order: its
+        own past its trace blocks (``retire_kv`` when it finished: nobody will hit them; ``park_kv`` when it
+        was preempted: it may resume into them), then its trace blocks, last one first."""
+        self.retire(retire_kv)
         self.park(owner, park_kv)
         held = self._held.pop(owner, None)
         if not held:
@@ -203,17 +237,23 @@ class PrefixCache:
         free = self._free
         key = next(iter(free))
         kv = free[key]
-        if key < 0 and kv > excess:
-            free[key] = kv - excess
-            self._free_kv -= excess
+        gone = excess if key < 0 and kv > excess else kv
+        if gone < kv:
+            free[key] = kv - gone
         else:
             del free[key]
-            self._free_kv -= kv
+        self._free_kv -= gone
+        if key in self._parked:
+            self.parked_kv -= gone
+            if gone == kv:
+                self._parked.discard(key)
 
     def clear(self) -> None:
         """Forget everything (the pod is gone)."""
         self._free.clear()
         self._free_kv = 0
+        self._parked.clear()
+        self.parked_kv = 0
         self._refs.clear()
         self._held.clear()
         self.shared_kv = 0

@@ -431,23 +431,29 @@ class SchedulerState:
         if k == 1:  # the common case: scalar writes
             i = idx[0]
             rids = [int(S[ID, i])]
-            self.comp_sum -= int(S[COMP, i]) + sh
+            comps = [int(S[COMP, i]) + sh]
+            self.comp_sum -= comps[0]
             log.finish_s[rids[0]] = end
             log.status[rids[0]] = FINISHED
             log.generated[rids[0]] = log.tokens_l[rids[0]] - log.input_l[rids[0]]
         else:
             rids = S[ID, idx].tolist()
+            comps = (S[COMP, idx] + sh).tolist()
             self.comp_sum -= int(S[COMP, idx].sum()) + sh * k
             log.finish_s[rids] = end
             log.status[rids] = FINISHED
             log.generated[rids] = log.output_tokens[rids]
         prompt = output = 0
-        for rid in rids:
+        for rid, comp in zip(rids, comps, strict=True):
             prompt += log.input_l[rid]
             output += log.tokens_l[rid] - log.input_l[rid]
             self.prompt_bucket_counts[bisect_left(self.prompt_bucket_bounds, log.input_l[rid])] += 1
+            # its full blocks past its trace blocks join the free queue's tail (hashed: nobody hits them, yet
+            # allocations take them only in their turn); a partial last block goes to the front, as never cached
             if self.prefix is not None:
-                self.prefix.release(rid)
+                self.prefix.release(rid, retire_kv=max(comp // self.bs - self._own_from_kv(rid), 0))
+            elif self.cache.parked_kv:  # (only newer than a parked entry does its place in the queue matter)
+                self.cache.retire(comp // self.bs)
         c["request_success_total"] += k
         c["request_prompt_tokens_sum"] += prompt
         c["request_generation_tokens_sum"] += output

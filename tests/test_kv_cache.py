@@ -162,3 +162,21 @@ def test_without_trace_blocks_a_resume_hits_what_is_left() -> None:
     cache.trim(120)                                        # least recently parked first, from its tail
     assert (cache.parked(3), cache.parked(4)) == (70, 50)
     assert cache.unpark(3) == 70 and cache.free_cached_kv == 50
+
+
+def test_a_finished_request_s_blocks_queue_behind_a_parked_one_s() -> None:
+    """vLLM appends freed hashed blocks to one LRU free queue: blocks retired by a request that finished after
+    another was preempted are evicted after the parked ones, those retired before it first."""
+    cache = PrefixCache(1000, 16, 16)
+    cache.retire(40)                                       # finished before anyone was parked: evicted first
+    cache.park(3, 100)
+    cache.retire(30)                                       # finished after request 3 was parked
+    cache.park(4, 50)
+    assert cache.parked_kv == 150 and cache.free_cached_kv == 220
+    cache.trim(150)                                        # 70 go: the older retired 40, then 30 of request 3's
+    assert (cache.parked(3), cache.parked(4), cache.parked_kv) == (70, 50, 120)
+    cache.trim(60)                                         # request 3's rest, then 20 of the 30 retired behind it
+    assert (cache.parked(3), cache.parked(4), cache.parked_kv, cache.free_cached_kv) == (0, 50, 50, 60)
+    cache.trim(20)                                         # the newest entry goes last
+    assert (cache.parked(4), cache.free_cached_kv) == (20, 20)
+    assert cache.unpark(4) == 20 and cache.parked_kv == 0 and cache.free_cached_kv == 0

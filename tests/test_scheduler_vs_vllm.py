@@ -12,8 +12,8 @@ token and who finishes, and the KV blocks held by running requests.
 Both sides get the same ``num_gpu_blocks`` (vLLM keeps one as its null block, and so do we) and vLLM's
 default admission gate (``scheduler_reserve_full_isl``: the whole sequence must fit, not just its first
 chunk); the random workloads also run with the gate off (``--no-scheduler-reserve-full-isl``, and vLLM
-versions before it), which the profile setting of the same name reproduces. The one known difference
-left is pinned by a strict xfail below (so a fix shows up as XPASS).
+versions before it), which the profile setting of the same name reproduces. The free queue's order
+(hashed blocks of finished requests behind a preempted request's) is compared through resumes.
 
 Skips when vLLM is not importable, except in CI (``CI=true``), where a missing vLLM fails.
 """
@@ -227,33 +227,12 @@ def describe(reqs: list[Req], cfg: Config) -> str:
     return "\n".join(lines)
 
 
-def resume_gap(ours: list[Step], theirs: list[Step], k: int) -> int | None:
-    """The request that step ``k`` resumes with fewer cached tokens in vLLM than ours (GAP_OUTPUT_BLOCKS), if any.
-
-    Only the first differing step is judged: a request re-admitted after a preemption (not scheduled the
-    step before) whose computation starts earlier in vLLM than ours, both sides identical up to step ``k``.
-    """
-    a, b = ours[k], theirs[k]
-    preempted = set().union(*(s.preempted for s in ours[:k])) if k else set()
-    for rid in sorted(preempted & a.start.keys() & b.start.keys()):
-        if rid not in ours[k - 1].scheduled and b.start[rid] < a.start[rid]:
-            return rid
-    return None
-
-
 def assert_same(model_dir: Path, cfg: Config, reqs: list[Req], with_prefix: bool = True,
-                max_steps: int = 3000, tolerate_resume_gap: bool = False) -> Trace:
-    """Run both schedulers and fail at the first step where any decision differs (with the context).
-
-    ``tolerate_resume_gap``: when the first difference is GAP_OUTPUT_BLOCKS (a resume that finds fewer
-    cached blocks in vLLM), stop there: every step before it matched, and the traces diverge after it.
-    """
+                max_steps: int = 3000) -> Trace:
+    """Run both schedulers and fail at the first step where any decision differs (with the context)."""
     ours, theirs = run_sim(cfg, reqs, max_steps, with_prefix), run_vllm(model_dir, cfg, reqs, max_steps)
     for k, (a, b) in enumerate(zip(ours.steps, theirs.steps, strict=False)):
         if a != b:
-            if tolerate_resume_gap and resume_gap(ours.steps, theirs.steps, k) is not None:
-                RESUME_GAPS.append(k)
-                return ours
             context = "\n".join(f"  step {j}: ours {ours.steps[j]}\n          vLLM {theirs.steps[j]}"
                                 for j in range(max(0, k - 3), k + 1))
             pytest.fail(f"step {k}: the simulator's decision differs from vLLM's\n{context}\n{describe(reqs, cfg)}",
@@ -261,9 +240,6 @@ def assert_same(model_dir: Path, cfg: Config, reqs: list[Req], with_prefix: bool
     assert len(ours.steps) == len(theirs.steps), "one side finished its requests earlier"
     assert sum(len(s.finished) for s in theirs.steps) == len(reqs), "vLLM did not finish every request"
     return ours
-
-
-RESUME_GAPS: list[int] = []  # steps where a random workload stopped at GAP_OUTPUT_BLOCKS (for the report)
 
 
 def tokens(start: int, n: int) -> tuple[int, ...]:
@@ -318,27 +294,20 @@ def test_prefix_hits_under_preemption(model_dir: Path) -> None:
     assert sum(len(s.preempted) for s in trace.steps) >= 1
 
 
-# ----- known gaps (strict xfails: a fix turns them into XPASS, which fails until the mark goes) -------------
-GAP_OUTPUT_BLOCKS = (
-    "GAP_OUTPUT_BLOCKS: vLLM hashes and caches every full block of a request, output tokens included "
-    "(kv_cache_manager.allocate_slots caches min(computed + new, num_tokens) tokens), and block_pool.free_blocks "
-    "appends freed hashed blocks to the tail of one LRU free queue; get_new_blocks pops the head. So a preempted "
-    "request's blocks are evicted before the blocks of a request that finished after it. The simulator caches "
-    "only trace prompt blocks and parked blocks (kv_cache.PrefixCache): a finished request's output blocks (all "
-    "its blocks without trace ids) come back as uncached free space, used before any parked block is evicted, "
-    "so a resumed request finds more of its blocks than in vLLM.")
-
-
-@pytest.mark.xfail(strict=True, reason=GAP_OUTPUT_BLOCKS)
-def test_gap_resume_after_a_later_finish_evicted_its_blocks(model_dir: Path) -> None:
-    """Found by a property-test search (no trace blocks, the simulator's mode for most traces): at step 163
-    request 6 resumes after its preemption; we find its first block still parked (start 16), vLLM has evicted
-    it for allocations after later finishes (start 0), so 16 tokens more are computed and one block less held."""
+def test_a_later_finish_s_blocks_outlive_a_parked_request_s(model_dir: Path) -> None:
+    """Found by a property-test search (no trace blocks, the simulator's mode for most traces). vLLM hashes
+    every full block, output tokens included, and ``BlockPool.free_blocks`` appends hashed blocks to the tail
+    of one LRU free queue (unhashed ones to its head), so a request that finishes after another was preempted
+    keeps its blocks in the queue *behind* the preempted one's. Before ``PrefixCache.retire`` the simulator
+    freed a finished request's blocks as uncached, to be taken before any parked block: at step 163 request 6
+    resumed with its first block still parked (start 16) where vLLM had evicted it (start 0), and at step 143
+    the simulator admitted request 6 where vLLM, still holding one of its blocks, could not."""
     cfg = Config(blocks=18, max_seqs=5, budget=64, reserve_full_isl=False)
     spec = [(0, 89, 16), (4, 10, 83), (8, 51, 8), (4, 112, 53), (8, 10, 83), (9, 3, 70), (10, 149, 47),
             (0, 157, 62), (0, 28, 89), (10, 153, 36)]
     reqs = [Req(a, tokens(100_000 + 1000 * i, n), o) for i, (a, n, o) in enumerate(spec)]
-    assert_same(model_dir, cfg, reqs, with_prefix=False)
+    trace = assert_same(model_dir, cfg, reqs, with_prefix=False)
+    assert 6 not in trace.steps[143].scheduled and sum(len(s.preempted) for s in trace.steps) >= 5
 
 
 def test_admission_checks_the_whole_sequence(model_dir: Path) -> None:
@@ -404,7 +373,7 @@ def workloads(draw: st.DrawFn) -> tuple[Config, list[Req], bool]:
 def test_random_workloads_match_vllm_step_by_step(model_dir: Path, case: tuple[Config, list[Req], bool]) -> None:
     """Every step's decisions agree on random small streams (prefix families, tight caches, small budgets)."""
     cfg, reqs, with_prefix = case
-    assert_same(model_dir, cfg, reqs, with_prefix, tolerate_resume_gap=True)
+    assert_same(model_dir, cfg, reqs, with_prefix)
 
 
 

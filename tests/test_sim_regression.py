@@ -89,54 +89,54 @@ CASES: dict[str, Callable[[], tuple[str, dict[str, Any]]]] = {
 }
 
 # name -> (digest of the per-request columns or TTFTs, pinned summary values); computed before issue 15,
-# re-pinned by issue 12 and by vLLM 0.32's admission gate and null block where a change of the model moved
-# them (see those commits' messages)
+# re-pinned by issue 12, by vLLM 0.32's admission gate and null block, and by finished requests' hashed
+# blocks in the free queue (PrefixCache.retire) where a change of the model moved them (see those commits' messages)
 PINNED: dict[str, tuple[str, dict[str, Any]]] = {
     'poisson-30-2rep': ('4c8badcca8e40ff5', {
-        'completed': 3602, 'preemptions': 0, 'ttft_p99': 0.17104215394507466, 'itl_p50': 0.013883533099290456,
-        'kv_usage_max': 0.26490444722271833, 'duration_s': 134.9420367111554,
+        'completed': 3602, 'preemptions': 0, 'ttft_p99': 0.17104215394507466,
+        'itl_p50': 0.013883533099290456, 'kv_usage_max': 0.26490444722271833, 'duration_s': 134.9420367111554,
     }),
     'poisson-100-10rep': ('2f4d1878848b2df8', {
-        'completed': 5986, 'preemptions': 0, 'ttft_p99': 0.13087097291779887, 'itl_p50': 0.010292005271944286,
-        'kv_usage_max': 0.094909805322379, 'duration_s': 74.77534798852899,
+        'completed': 5986, 'preemptions': 0, 'ttft_p99': 0.13087097291779887,
+        'itl_p50': 0.010292005271944286, 'kv_usage_max': 0.094909805322379, 'duration_s': 74.77534798852899,
     }),
     'overload-preempt-a100': ('ca14c7e5680890c3', {
-        'completed': 1249, 'preemptions': 0, 'ttft_p99': 55.679535106429356, 'itl_p50': 0.1747833262418219,
-        'kv_usage_max': 0.7662739581501671, 'duration_s': 180.72469625199557,
+        'completed': 1249, 'preemptions': 0, 'ttft_p99': 55.679535106429356,
+        'itl_p50': 0.1747833262418219, 'kv_usage_max': 0.7662739581501671, 'duration_s': 180.72469625199557,
     }),
     'gamma-random-router': ('c529a8e4c15e06bb', {
-        'completed': 2380, 'preemptions': 0, 'ttft_p99': 0.38892917471969146, 'itl_p50': 0.012232071190499313,
-        'kv_usage_max': 0.3156277906769066, 'duration_s': 78.85812094968288,
+        'completed': 2380, 'preemptions': 0, 'ttft_p99': 0.38892917471969146,
+        'itl_p50': 0.012232071190499313, 'kv_usage_max': 0.3156277906769066, 'duration_s': 78.85812094968288,
     }),
     'round-robin-70b': ('05db14803e36566a', {
-        'completed': 811, 'preemptions': 0, 'ttft_p99': 41.095889265301615, 'itl_p50': 0.13883533099290457,
-        'kv_usage_max': 0.5792344372591286, 'duration_s': 256.88716077095916,
+        'completed': 811, 'preemptions': 0, 'ttft_p99': 41.095889265301615,
+        'itl_p50': 0.13883533099290457, 'kv_usage_max': 0.5792344372591286, 'duration_s': 256.88716077095916,
     }),
-    'waiting-limit': ('731f1b9c39e1c8c4', {
-        'completed': 1565, 'preemptions': 34, 'ttft_p99': 1.2715234824082593, 'itl_p50': 0.06201546436537854,
-        'kv_usage_max': 0.9983925701018039, 'duration_s': 85.63886905433543,
+    'waiting-limit': ('cfbeef7a97b061f6', {
+        'completed': 1562, 'preemptions': 24, 'ttft_p99': 1.278729359643148,
+        'itl_p50': 0.0599100938611354, 'kv_usage_max': 0.9993213073763172, 'duration_s': 86.32700249826541,
     }),
-    'mooncake-prefix': ('98df314f25b28c14', {
-        'completed': 2251, 'preemptions': 0, 'ttft_p99': 3.8518233581253014, 'itl_p50': 0.010057730630017381,
-        'kv_usage_max': 0.3613859617788891, 'duration_s': 604.9063521720499,
+    'mooncake-prefix': ('1c85a6ae093ba7a6', {
+        'completed': 2251, 'preemptions': 0, 'ttft_p99': 3.797057937300224,
+        'itl_p50': 0.01017419366180605, 'kv_usage_max': 0.3613859617788891, 'duration_s': 604.86666820258,
     }),
-    'mooncake-prefix-preempt': ('1abc13b1f5230f83', {
-        'completed': 2251, 'preemptions': 3, 'ttft_p99': 624.5380147709902, 'itl_p50': 0.05655877570891538,
-        'kv_usage_max': 0.999106983389891, 'duration_s': 1233.7061741992295,
+    'mooncake-prefix-preempt': ('f69e1d60cdbbf7b3', {
+        'completed': 2251, 'preemptions': 3, 'ttft_p99': 624.5530700695504,
+        'itl_p50': 0.05655877570891538, 'kv_usage_max': 0.999106983389891, 'duration_s': 1233.7212294977896,
     }),
-    'preempt-heavy': ('d1ad03e0aa0b6e8e', {
-        'completed': 4822, 'preemptions': 168, 'ttft_p99': 169.86441181726843, 'itl_p50': 0.06799860450033224,
-        'kv_usage_max': 0.9999642793355956, 'duration_s': 258.05591063516476,
+    'preempt-heavy': ('445d4cd02ed6c550', {
+        'completed': 4822, 'preemptions': 169, 'ttft_p99': 170.82594220084906,
+        'itl_p50': 0.06878599123088075, 'kv_usage_max': 1.0, 'duration_s': 259.0327090015453,
     }),
-    'bursty-preempt-2rep': ('0049b4e25446424b', {
-        'completed': 5055, 'preemptions': 121, 'ttft_p99': 21.082716476836236, 'itl_p50': 0.043401026364474404,
-        'kv_usage_max': 0.999607072691552, 'duration_s': 156.72445314063526,
+    'bursty-preempt-2rep': ('479a0993cebd4bc9', {
+        'completed': 5055, 'preemptions': 136, 'ttft_p99': 21.194247458964924,
+        'itl_p50': 0.05217951042390023, 'kv_usage_max': 0.999607072691552, 'duration_s': 156.44285589519066,
     }),
     'autoscaled-leadscale': ('23cab4882e428c45', {
         'gpu_hours': 0.41215606893737483, 'ttft_p95': 0.21282165799689115, 'slo_attainment': 0.9998197711093089,
     }),
-    'autoscaled-waiting-requests': ('c14d6f612b394d5f', {
-        'gpu_hours': 1.0621535809924292, 'ttft_p95': 2.447727331425631, 'slo_attainment': 0.9261962692619627,
+    'autoscaled-waiting-requests': ('96b6eb3d6e2169ee', {
+        'gpu_hours': 1.0621535809924292, 'ttft_p95': 2.497753288788609, 'slo_attainment': 0.925475353699198,
     }),
 }
 
