@@ -26,8 +26,11 @@ from typing import NamedTuple, TypeVar, cast
 import numba
 import numpy as np
 
+from simulator import numba_cache
 from simulator.kv_cache import whole_cached_tokens
 from simulator.results import FINISHED
+
+numba_cache.guard()  # before any cached function loads: stale inlined code would run otherwise
 
 ID, NTOK, COMP, LEFT, NEW = range(5)
 # integer fields of iv[r]
