@@ -147,6 +147,66 @@ def run_setting(setting: str, args: argparse.Namespace, root: Path) -> dict[str,
     return table
 
 
+def engine_capacity_rps(engine: Any, trace: Any, n: int, slo_s: float, start_rate: float, out: Path) -> float:
+    """The knee measured on the in-process engine: Poisson-free, the trace's own first ``n`` requests at rates
+    ``start_rate`` x 1.4^k, the highest whose engine-side p90 TTFT is within ``slo_s`` (stops at the first miss)."""
+    rows, rate, knee = [], start_rate, 0.0
+    gaps = np.asarray(trace.arrival_s[:n], dtype=float) - float(trace.arrival_s[0])
+    for _ in range(12):
+        run = engine.run(gaps * TRACE_RATE / rate, trace.input_tokens[:n], trace.output_tokens[:n])
+        ttft = run.first - run.queued
+        p90 = float(np.percentile(ttft[np.isfinite(ttft)], 90))
+        rows.append({"rate": rate, "ttft_p90": p90, "output_tokens_per_s": run.metrics()["output_tokens_per_s"]})
+        print(f"[capacity] {rate:.2f} req/s: engine p90 TTFT {p90:.3f} s", file=sys.stderr)
+        if p90 > slo_s:
+            break
+        knee, rate = rate, rate * 1.4
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "capacity.json").write_text(json.dumps({"knee": knee, "slo_s": slo_s, "steps": rows}, indent=1))
+    if knee <= 0:
+        raise SystemExit(f"capacity: {start_rate:g} req/s already misses p90 TTFT <= {slo_s} s; lower --start-rate")
+    return knee
+
+
+def run_setting_in_process(setting: str, args: argparse.Namespace, root: Path) -> dict[str, Any]:
+    """``run_setting`` on vLLM's engine in this process (``fidelity_engine``): real = the engine's own
+    per-request timestamps, no HTTP frontend and no histogram buckets between them and the simulator."""
+    from fidelity_engine import InProcessEngine
+    from support.tiny_model import create_tiny_model
+
+    from scaler.profiles import get_profile
+    from simulator.readers import load_trace
+
+    seqs, budget = (int(x) for x in setting.split("x"))
+    out = root / f"{setting}-in-process"
+    model = create_tiny_model(out / "model")
+    engine = InProcessEngine(model, seqs, budget)
+    trace = load_trace(TRACE)
+    n = args.requests
+    engine.run(np.linspace(0.0, 1.0, 8), trace.input_tokens[:8], trace.output_tokens[:8])  # warm-up
+    capacity = engine_capacity_rps(engine, trace, n, args.engine_capacity_slo, args.start_rate, out / "capacity")
+    replays = []
+    for i, (label, load) in enumerate(LOADS):
+        rows = slice(i * n, (i + 1) * n)
+        gaps = np.asarray(trace.arrival_s[rows], dtype=float) - float(trace.arrival_s[rows][0])
+        run = engine.run(gaps * TRACE_RATE / (load * capacity), trace.input_tokens[rows], trace.output_tokens[rows],
+                         seed=i + 1)
+        replays.append((engine.write_replay(run, out / f"slice{i}"), run))
+        print(f"[{setting} in-process] slice {i} ({label}) at {load * capacity:.2f} req/s: "
+              f"{int(run.preemptions.sum())} preemptions, most waiting {run.max_waiting}", file=sys.stderr)
+    profile_path = out / "calibrated.yaml"
+    leadscale(["calibrate", "--replay", str(replays[0][0]), "--out", str(profile_path), "--max-num-seqs", str(seqs),
+               "--max-num-batched-tokens", str(budget)])
+    profile = get_profile(str(profile_path))
+    table: dict[str, Any] = {"setting": setting, "engine": "in-process", "capacity_rps": capacity, "loads": {}}
+    for (label, load), (replay, run) in zip(LOADS, replays, strict=True):
+        real, sim = run.metrics(), simulated_values(profile, replay)
+        table["loads"][label] = {"load": load, "metrics": {
+            k: {"real": real[k], "real_engine": None, "simulated": sim[k], "error": error(real[k], sim[k]),
+                "error_engine": None} for k in METRICS}}
+    return table
+
+
 def cell(value: float | None, fmt: str = "{:.3g}") -> str:
     return "-" if value is None else fmt.format(value)
 
@@ -157,7 +217,9 @@ def pct(value: float | None) -> str:
 
 def print_table(table: dict[str, Any]) -> None:
     loads = [k for k in table["loads"] if k != "calibration"]
-    print(f"\n### `--max-num-seqs {table['setting'].replace('x', ' --max-num-batched-tokens ')}`: capacity "
+    where = ("vLLM's engine in this process, its per-request timestamps" if table.get("engine") == "in-process"
+             else "a vLLM server: client-side [engine histograms]")
+    print(f"\n### `--max-num-seqs {table['setting'].replace('x', ' --max-num-batched-tokens ')}`, {where}: capacity "
           f"{table['capacity_rps']:.2f} req/s; calibrated on a slice at 90 %\n")
     print("| metric | " + " | ".join(f"{k} real [engine] | sim | error [vs engine]" for k in loads) + " |")
     print("|---|" + "---|---|---|" * len(loads))
@@ -178,6 +240,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--capacity-slo", type=float, default=5.0, help="p90 TTFT (s) that defines capacity")
     parser.add_argument("--start-rate", type=float, default=0.25, help="the capacity sweep's first rate (req/s)")
     parser.add_argument("--metrics-interval", type=float, default=0.5)
+    parser.add_argument("--engine", choices=("server", "in-process"), default="server",
+                        help="replay against a vLLM server (client-side, with its histograms), or against vLLM's "
+                             "engine in this process (its own per-request timestamps: what the simulator models)")
+    parser.add_argument("--engine-capacity-slo", type=float, default=0.25,
+                        help="with --engine in-process: engine-side p90 TTFT (s) that defines capacity")
     parser.add_argument("--out", type=Path, default=None, help="keep the replays and profiles here")
     parser.add_argument("--json", type=Path, default=None, help="also write the tables here")
     args = parser.parse_args(argv)
@@ -186,7 +253,8 @@ def main(argv: list[str] | None = None) -> int:
     if 4 * args.requests > 300:
         raise SystemExit(f"--requests {args.requests}: 4 slices must fit the trace's 300 requests (at most 75)")
     root = args.out or Path(tempfile.mkdtemp(prefix="fidelity-"))
-    tables = [run_setting(s.strip(), args, root) for s in args.settings.split(",") if s.strip()]
+    run = run_setting_in_process if args.engine == "in-process" else run_setting
+    tables = [run(s.strip(), args, root) for s in args.settings.split(",") if s.strip()]
     for table in tables:
         print_table(table)
     if args.json:

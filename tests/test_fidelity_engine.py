@@ -1,0 +1,59 @@
+"""The in-process fidelity replay's bookkeeping (``benchmarks/fidelity_engine.py``), without vLLM: the queue
+depth and the metrics it reports, and the replay directory calibration reads back."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _module():
+    spec = importlib.util.spec_from_file_location("fidelity_engine", ROOT / "benchmarks" / "fidelity_engine.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["fidelity_engine"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _run(fe, queued, started):
+    n = len(queued)
+    queued, started = np.array(queued, float), np.array(started, float)
+    return fe.EngineRun(scheduled=queued.copy(), queued=queued, started=started, first=started + 0.1,
+                        last=started + 1.0, prompt=np.full(n, 100), output=np.full(n, 10), preemptions=np.zeros(n),
+                        token_gaps=[0.1] * (9 * n), wall_s=10.0)
+
+
+def test_the_queue_depth_counts_requests_queued_and_not_yet_scheduled() -> None:
+    fe = _module()
+    run = _run(fe, [0.0, 0.1, 0.2, 0.3, 2.0], [0.05, 0.5, 0.6, 0.7, 2.1])
+    assert run.max_waiting == 3  # at 0.3 s: requests 1, 2 and 3 wait
+    m = run.metrics()
+    # each request's own TTFT and E2E from its queueing (no buckets): [0.15, 0.5, 0.5, 0.5, 0.2], [1.05, 1.4 x3, 1.1]
+    assert m["ttft_p50"] == pytest.approx(0.5) and m["e2e_p95"] == pytest.approx(1.4)
+    assert m["itl_p50"] == pytest.approx(0.1) and m["output_tokens_per_s"] == pytest.approx(5.0)
+    assert m["max_waiting"] == 3.0
+
+
+def test_the_run_reads_back_as_a_replay_calibration_accepts(tmp_path: Path) -> None:
+    fe = _module()
+    from simulator.calibrate import load_replay
+
+    engine = fe.InProcessEngine.__new__(fe.InProcessEngine)  # no vLLM: only the writer is exercised
+    engine.model_dir, engine.max_model_len = tmp_path / "model", 2048
+    engine.cache_config = lambda: {"block_size": "16", "num_gpu_blocks": "4096"}
+    run = _run(fe, [0.0, 0.5, 1.0, 1.5, 2.0, 2.5], [0.0, 0.5, 1.0, 1.6, 2.2, 2.8])
+    measured = load_replay(engine.write_replay(run, tmp_path / "slice0"))
+    assert len(measured.workload) == 6
+    assert measured.workload.arrival_s.tolist() == pytest.approx([0.0, 0.5, 1.0, 1.5, 2.0, 2.5])  # engine arrivals
+    assert measured.cache["num_gpu_blocks"] == "4096"
+    assert measured.summary["ttft_p50"] == pytest.approx(0.1 + np.median([0.0, 0.0, 0.0, 0.1, 0.2, 0.3]))
+    # calibration's objective reads the engine means, exact here: queue [0, 0, 0, .1, .2, .3], ITL 0.1
+    assert measured.engine["server_queue_mean"] == pytest.approx(0.1)
+    assert measured.engine["server_ttft_mean"] == pytest.approx(0.2)
+    assert measured.engine["server_itl_mean"] == pytest.approx(0.1)
