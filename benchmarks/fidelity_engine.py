@@ -98,7 +98,7 @@ class InProcessEngine:
         from vllm.inputs import TokensPrompt
 
         n = len(arrival_s)
-        rng = np.random.default_rng(seed)
+        rng = np.random.default_rng([seed, self.served])  # no two runs share a prompt (no prefix-cache hits)
         prompts = [rng.integers(FIRST_ID, VOCAB, int(min(p, self.max_model_len - o - 1))).tolist()
                    for p, o in zip(prompt_tokens, output_tokens, strict=True)]
         stats: dict[int, Any] = {}
