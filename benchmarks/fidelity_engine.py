@@ -157,6 +157,7 @@ class InProcessEngine:
                 output_tokens=int(run.output[i]), chunks=int(run.output[i]),
                 itl_mean_s=float((run.last[i] - run.first[i]) / (run.output[i] - 1)) if gaps_ok else math.nan))
         write_records(out / "requests.csv", records)
+        np.save(out / "token_gaps.npy", np.asarray(run.token_gaps, dtype=float))  # the per-token ITLs, kept
         summary = summarize(records, run.wall_s, 1, itl=np.asarray(run.token_gaps, dtype=float))
         (out / "summary.json").write_text(json.dumps(summary, indent=1))
         # the engine histograms' sums and counts (what calibration's objective reads as server_* means), exact

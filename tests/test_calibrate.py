@@ -139,3 +139,19 @@ def test_missing_files_and_too_few_requests_are_named(tmp_path: Path) -> None:
 def test_table_formats_every_row_and_undefined_errors() -> None:
     text = calibrate.format_table([("ttft_p50", 1.0, 1.1, 0.1), ("itl_p50", None, 0.2, None)])
     assert "+10.0%" in text and text.count("\n") == 2 and " - " in text + " "
+
+
+def _measured(engine: dict[str, float | None]) -> calibrate.Measured:
+    w = Workload(np.zeros(1), np.ones(1, np.int64), np.ones(1, np.int64))
+    return calibrate.Measured(path=Path("."), workload=w, summary={}, engine=engine, cache={}, max_running=1,
+                              saw_waiting=False, max_step_tokens=None, model="m", max_model_len=2048)
+
+
+def test_latencies_below_one_engine_step_are_no_difference_to_fit() -> None:
+    """A queue of 20 us against 100 us both mean "scheduled in the step it arrived" (steps of 2 ms): no loss,
+    where the ITL's threefold error is; above the step, a queue twice too long still counts."""
+    m = _measured({"server_itl_mean": 0.002, "server_queue_mean": 2e-5})
+    assert calibrate._loss({"itl_mean": 0.002, "queue_mean": 1e-4}, m) == 0.0
+    assert calibrate._loss({"itl_mean": 0.0007, "queue_mean": 2e-5}, m) == pytest.approx(np.log(0.002 / 0.0007) ** 2)
+    slow = _measured({"server_itl_mean": 0.002, "server_queue_mean": 0.01})
+    assert calibrate._loss({"itl_mean": 0.002, "queue_mean": 0.02}, slow) == pytest.approx(np.log(2.0) ** 2)
