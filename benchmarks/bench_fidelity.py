@@ -207,6 +207,22 @@ def run_setting_in_process(setting: str, args: argparse.Namespace, root: Path) -
     return table
 
 
+def in_own_process(setting: str, argv: list[str] | None, root: Path) -> dict[str, Any]:
+    """One setting's table from a child run of this script: a second ``LLMEngine`` in one process fails in
+    vLLM 0.32's CPU platform (its kernel overrides register once)."""
+    import subprocess
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    for flag in ("--settings", "--json", "--out"):
+        while flag in args:
+            i = args.index(flag)
+            del args[i: i + 2]
+    table_json = root / f"{setting}-table.json"
+    subprocess.run([sys.executable, str(Path(__file__).resolve()), *args, "--settings", setting, "--out", str(root),
+                    "--json", str(table_json)], check=True, stdout=subprocess.DEVNULL)
+    return json.loads(table_json.read_text())[0]
+
+
 def cell(value: float | None, fmt: str = "{:.3g}") -> str:
     return "-" if value is None else fmt.format(value)
 
@@ -253,8 +269,12 @@ def main(argv: list[str] | None = None) -> int:
     if 4 * args.requests > 300:
         raise SystemExit(f"--requests {args.requests}: 4 slices must fit the trace's 300 requests (at most 75)")
     root = args.out or Path(tempfile.mkdtemp(prefix="fidelity-"))
-    run = run_setting_in_process if args.engine == "in-process" else run_setting
-    tables = [run(s.strip(), args, root) for s in args.settings.split(",") if s.strip()]
+    settings = [s.strip() for s in args.settings.split(",") if s.strip()]
+    if args.engine == "in-process" and len(settings) > 1:
+        tables = [in_own_process(s, argv, root) for s in settings]  # vLLM's CPU build starts one engine per process
+    else:
+        run = run_setting_in_process if args.engine == "in-process" else run_setting
+        tables = [run(s, args, root) for s in settings]
     for table in tables:
         print_table(table)
     if args.json:
