@@ -198,13 +198,25 @@ def run_setting_in_process(setting: str, args: argparse.Namespace, root: Path) -
     leadscale(["calibrate", "--replay", str(replays[0][0]), "--out", str(profile_path), "--max-num-seqs", str(seqs),
                "--max-num-batched-tokens", str(budget)])
     profile = get_profile(str(profile_path))
-    table: dict[str, Any] = {"setting": setting, "engine": "in-process", "capacity_rps": capacity, "loads": {}}
-    for (label, load), (replay, run) in zip(LOADS, replays, strict=True):
-        real, sim = run.metrics(), simulated_values(profile, replay)
-        table["loads"][label] = {"load": load, "metrics": {
-            k: {"real": real[k], "real_engine": None, "simulated": sim[k], "error": error(real[k], sim[k]),
-                "error_engine": None} for k in METRICS}}
-    return table
+    # the same profile with the step time fitted on the calibration slice's timed steps instead
+    from dataclasses import replace
+
+    from fidelity_engine import fit_step_time
+
+    step_model, residuals = fit_step_time(replays[0][1].steps)
+    stepped = replace(profile, step_time=step_model, name="step-fit")
+    print(f"[{setting} in-process] step fit {step_model.to_dict()}: residuals {residuals}", file=sys.stderr)
+    tables = []
+    for name, prof in ((setting, profile), (f"{setting}, step fit", stepped)):
+        table: dict[str, Any] = {"setting": name, "engine": "in-process", "capacity_rps": capacity, "loads": {}}
+        for (label, load), (replay, run) in zip(LOADS, replays, strict=True):
+            real, sim = run.metrics(), simulated_values(prof, replay)
+            table["loads"][label] = {"load": load, "metrics": {
+                k: {"real": real[k], "real_engine": None, "simulated": sim[k], "error": error(real[k], sim[k]),
+                    "error_engine": None} for k in METRICS}}
+        tables.append(table)
+    tables[0]["step_fit"] = {"coefficients": step_model.to_dict(), "residuals": residuals, "table": tables[1]}
+    return tables[0]
 
 
 def in_own_process(setting: str, argv: list[str] | None, root: Path) -> dict[str, Any]:
@@ -232,6 +244,17 @@ def pct(value: float | None) -> str:
 
 
 def print_table(table: dict[str, Any]) -> None:
+    """The table, and with ``--engine in-process`` the one simulated with the step-fitted step time."""
+    print_one(table)
+    if "step_fit" in table:
+        fit = table["step_fit"]
+        print(f"\nstep time fitted on {fit['residuals']['steps']:.0f} timed steps of the calibration slice: "
+              f"{fit['coefficients']}; |relative residual| p50 {fit['residuals']['abs_rel_p50']:.1%}, "
+              f"p95 {fit['residuals']['abs_rel_p95']:.1%}")
+        print_one(fit["table"])
+
+
+def print_one(table: dict[str, Any]) -> None:
     loads = [k for k in table["loads"] if k != "calibration"]
     where = ("vLLM's engine in this process, its per-request timestamps" if table.get("engine") == "in-process"
              else "a vLLM server: client-side [engine histograms]")

@@ -43,6 +43,8 @@ class EngineRun:
     preemptions: np.ndarray
     token_gaps: list[float] = field(default_factory=list)
     wall_s: float = 0.0
+    steps: np.ndarray = field(default_factory=lambda: np.empty((0, 5)))
+    """One row per engine step: tokens N, sequences S, decode context C, prefill attention A, seconds."""
 
     @property
     def max_waiting(self) -> int:
@@ -84,6 +86,26 @@ class InProcessEngine:
             model=str(model_dir), max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
             max_model_len=max_model_len, dtype="bfloat16", disable_log_stats=False, gpu_memory_utilization=0.3))
         self.served = 0
+        self._batch: tuple[float, float, float, float] | None = None
+        scheduler = self.engine.engine_core.engine_core.scheduler  # the in-process core's own scheduler
+        schedule = scheduler.schedule
+
+        def schedule_and_record() -> Any:
+            """What the step about to run holds, in the step-time model's terms (``scaler.step_time``)."""
+            out = schedule()
+            context = attention = 0.0
+            for rid, k in out.num_scheduled_tokens.items():
+                req = scheduler.requests[rid]
+                before = req.num_computed_tokens - k  # (after schedule() it counts this step's tokens)
+                if k == 1 and before >= req.num_prompt_tokens:
+                    context += before
+                else:
+                    attention += k * (before + k / 2.0)
+            self._batch = (float(out.total_num_scheduled_tokens), float(len(out.num_scheduled_tokens)), context,
+                           attention)
+            return out
+
+        scheduler.schedule = schedule_and_record
 
     def cache_config(self) -> dict[str, str]:
         """What vllm:cache_config_info would say (calibration reads num_gpu_blocks and block_size)."""
@@ -104,6 +126,7 @@ class InProcessEngine:
         stats: dict[int, Any] = {}
         seen: dict[int, tuple[float, int]] = {}  # request -> (time of its latest tokens, tokens so far)
         gaps: list[float] = []
+        steps: list[tuple[float, ...]] = []
         t0 = time.monotonic()
         sent = 0
         while len(stats) < n:
@@ -115,8 +138,12 @@ class InProcessEngine:
             if not self.engine.has_unfinished_requests():
                 time.sleep(max(0.0, min(arrival_s[sent] - now, 0.05)) if sent < n else 0.0)
                 continue
+            began = time.monotonic()
             outputs = self.engine.step()
             stamp = time.monotonic() - t0
+            if self._batch is not None and self._batch[1] > 0:
+                steps.append((*self._batch, stamp + t0 - began))
+            self._batch = None
             for out in outputs:
                 i = int(out.request_id[1:]) - self.served
                 count = len(out.outputs[0].token_ids) if out.outputs else 0
@@ -138,7 +165,7 @@ class InProcessEngine:
                          started=col("scheduled_ts"), first=col("first_token_ts"), last=col("last_token_ts"),
                          prompt=np.array([len(p) for p in prompts]), output=np.array([stats[i][1] for i in range(n)]),
                          preemptions=np.array([getattr(stats[i][0], "num_preemptions", 0) for i in range(n)]),
-                         token_gaps=gaps, wall_s=wall)
+                         token_gaps=gaps, wall_s=wall, steps=np.array(steps).reshape(-1, 5))
 
     def write_replay(self, run: EngineRun, out: Path) -> Path:
         """The run as a replay directory: engine arrival = queued, first token and finish = the engine's."""
@@ -178,3 +205,28 @@ class InProcessEngine:
             "model": str(self.model_dir), "max_model_len": self.max_model_len, "endpoint": "in-process",
             "cache_config": {"in-process": self.cache_config()}}, indent=1))
         return out
+
+
+def fit_step_time(steps: np.ndarray) -> tuple[Any, dict[str, float]]:
+    """The step-time model fitted on timed steps by bounded linear least squares (``scipy.optimize.lsq_linear``,
+    every coefficient >= 0): ``t = overhead + per_token N + per_seq S + per_context_token C + prefill_attention A``
+    (``scaler.step_time.LinearStepTime`` with no floor). Returns it and the residuals: relative error of each
+    step's time, median and p95 of its size, and the fitted steps' count."""
+    from scipy.optimize import lsq_linear
+
+    from scaler.step_time import LinearStepTime
+
+    if steps.shape[0] < 10:
+        raise ValueError(f"fit_step_time: {steps.shape[0]} timed steps; need at least 10")
+    design = np.column_stack([np.ones(steps.shape[0]), steps[:, :4]])
+    seconds = steps[:, 4]
+    scale = design.max(axis=0)
+    scale[scale == 0] = 1.0
+    fit = lsq_linear(design / scale, seconds, bounds=(0.0, np.inf))
+    coef = fit.x / scale
+    relative = (design @ coef - seconds) / seconds
+    model = LinearStepTime(overhead_s=float(coef[0]), floor_s=0.0, intercept_s=0.0, per_token_s=float(coef[1]),
+                           per_seq_s=float(coef[2]), per_context_token_s=float(coef[3]),
+                           prefill_attention_s=float(coef[4]))
+    return model, {"steps": float(steps.shape[0]), "abs_rel_p50": float(np.percentile(np.abs(relative), 50)),
+                   "abs_rel_p95": float(np.percentile(np.abs(relative), 95)), "mean_rel": float(relative.mean())}

@@ -57,3 +57,19 @@ def test_the_run_reads_back_as_a_replay_calibration_accepts(tmp_path: Path) -> N
     assert measured.engine["server_queue_mean"] == pytest.approx(0.1)
     assert measured.engine["server_ttft_mean"] == pytest.approx(0.2)
     assert measured.engine["server_itl_mean"] == pytest.approx(0.1)
+
+
+def test_the_step_fit_recovers_a_known_step_time_and_reports_its_residuals() -> None:
+    fe = _module()
+    rng = np.random.default_rng(3)
+    n = 400
+    tokens, seqs = rng.integers(1, 512, n).astype(float), rng.integers(1, 9, n).astype(float)
+    context, attention = rng.uniform(0, 8000, n), rng.uniform(0, 60000, n) * (rng.random(n) < 0.3)
+    seconds = 1e-3 + 2e-5 * tokens + 3e-4 * seqs + 1e-8 * context + 2e-9 * attention
+    noisy = seconds * (1 + rng.normal(0, 0.02, n))
+    model, residuals = fe.fit_step_time(np.column_stack([tokens, seqs, context, attention, noisy]))
+    assert model.overhead_s == pytest.approx(1e-3, rel=0.1) and model.per_token_s == pytest.approx(2e-5, rel=0.1)
+    assert model.per_seq_s == pytest.approx(3e-4, rel=0.1)
+    assert residuals["steps"] == n and 0.005 < residuals["abs_rel_p50"] < 0.03 < residuals["abs_rel_p95"] < 0.06
+    with pytest.raises(ValueError, match="need at least 10"):
+        fe.fit_step_time(np.zeros((3, 5)))
