@@ -90,9 +90,9 @@ class InProcessEngine:
         scheduler = self.engine.engine_core.engine_core.scheduler  # the in-process core's own scheduler
         schedule = scheduler.schedule
 
-        def schedule_and_record() -> Any:
+        def schedule_and_record(*args: Any, **kwargs: Any) -> Any:
             """What the step about to run holds, in the step-time model's terms (``scaler.step_time``)."""
-            out = schedule()
+            out = schedule(*args, **kwargs)
             context = attention = 0.0
             for rid, k in out.num_scheduled_tokens.items():
                 req = scheduler.requests[rid]
