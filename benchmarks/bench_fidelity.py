@@ -109,6 +109,14 @@ def error(real: float | None, sim: float | None) -> float | None:
     return (sim - real) / real if real and sim is not None and math.isfinite(sim) else None
 
 
+def load_row(load: float, real: dict[str, tuple[float | None, float | None]],
+             sim: dict[str, float | None]) -> dict[str, Any]:
+    """One load level's cells: metric -> real (and engine-side), simulated, errors."""
+    return {"load": load, "metrics": {
+        k: {"real": real[k][0], "real_engine": real[k][1], "simulated": sim[k],
+            "error": error(real[k][0], sim[k]), "error_engine": error(real[k][1], sim[k])} for k in METRICS}}
+
+
 def run_setting(setting: str, args: argparse.Namespace, root: Path) -> dict[str, Any]:
     from support.tiny_model import create_tiny_model
     from support.vllm_server import VllmServer
@@ -140,15 +148,12 @@ def run_setting(setting: str, args: argparse.Namespace, root: Path) -> dict[str,
     profile = get_profile(str(profile_path))
     table: dict[str, Any] = {"setting": setting, "capacity_rps": capacity, "loads": {}}
     for (label, load), replay in zip(LOADS, replays, strict=True):
-        real, sim = real_values(replay), simulated_values(profile, replay)
-        table["loads"][label] = {"load": load, "metrics": {
-            k: {"real": real[k][0], "real_engine": real[k][1], "simulated": sim[k],
-                "error": error(real[k][0], sim[k]), "error_engine": error(real[k][1], sim[k])} for k in METRICS}}
+        table["loads"][label] = load_row(load, real_values(replay), simulated_values(profile, replay))
     return table
 
 
 def engine_capacity_rps(engine: Any, trace: Any, n: int, slo_s: float, start_rate: float, out: Path) -> float:
-    """The knee measured on the in-process engine: Poisson-free, the trace's own first ``n`` requests at rates
+    """The knee measured on the in-process engine: the trace's own first ``n`` requests (its arrivals, scaled) at rates
     ``start_rate`` x 1.4^k, the highest whose engine-side p90 TTFT is within ``slo_s`` (stops at the first miss)."""
     rows, rate, knee = [], start_rate, 0.0
     gaps = np.asarray(trace.arrival_s[:n], dtype=float) - float(trace.arrival_s[0])
@@ -210,10 +215,8 @@ def run_setting_in_process(setting: str, args: argparse.Namespace, root: Path) -
     for name, prof in ((setting, profile), (f"{setting}, step fit", stepped)):
         table: dict[str, Any] = {"setting": name, "engine": "in-process", "capacity_rps": capacity, "loads": {}}
         for (label, load), (replay, run) in zip(LOADS, replays, strict=True):
-            real, sim = run.metrics(), simulated_values(prof, replay)
-            table["loads"][label] = {"load": load, "metrics": {
-                k: {"real": real[k], "real_engine": None, "simulated": sim[k], "error": error(real[k], sim[k]),
-                    "error_engine": None} for k in METRICS}}
+            real = {k: (v, None) for k, v in run.metrics().items()}  # the engine's own: no second reading
+            table["loads"][label] = load_row(load, real, simulated_values(prof, replay))
         tables.append(table)
     tables[0]["step_fit"] = {"coefficients": step_model.to_dict(), "residuals": residuals, "table": tables[1]}
     return tables[0]

@@ -56,18 +56,35 @@ class EngineRun:
             best = max(best, depth)
         return best
 
+    def records(self) -> list[Any]:
+        """Per-request replay records (``simulator.replay_records``): engine arrival = queued, first token and
+        finish = the engine's."""
+        from simulator.replay_records import RequestRecord
+
+        records = []
+        for i in range(len(self.queued)):
+            gaps_ok = math.isfinite(self.first[i]) and self.output[i] > 1
+            records.append(RequestRecord(
+                index=i, endpoint="in-process", scheduled_s=float(self.scheduled[i]), sent_s=float(self.queued[i]),
+                accepted_s=float(self.queued[i]), first_token_s=float(self.first[i]), finish_s=float(self.last[i]),
+                status="ok" if math.isfinite(self.last[i]) else "error", trace_input_tokens=int(self.prompt[i]),
+                trace_output_tokens=int(self.output[i]), sent_input_tokens=int(self.prompt[i]),
+                requested_output_tokens=int(self.output[i]), prompt_tokens=int(self.prompt[i]),
+                output_tokens=int(self.output[i]), chunks=int(self.output[i]),
+                itl_mean_s=float((self.last[i] - self.first[i]) / (self.output[i] - 1)) if gaps_ok else math.nan))
+        return records
+
+    def summary(self) -> dict[str, Any]:
+        """The replay summary of these records (``replay_records.summarize``), ITL from every token's gap."""
+        from simulator.replay_records import summarize
+
+        return summarize(self.records(), self.wall_s, 1, itl=np.asarray(self.token_gaps, dtype=float))
+
     def metrics(self) -> dict[str, float | None]:
         """The fidelity table's metrics, per request (no histogram buckets)."""
-        ttft, e2e = self.first - self.queued, self.last - self.queued
-        gaps = np.asarray(self.token_gaps, dtype=float)
-
-        def q(a: np.ndarray, p: float) -> float | None:
-            a = a[np.isfinite(a)]
-            return float(np.percentile(a, p)) if a.size else None
-
-        return {"ttft_p50": q(ttft, 50), "ttft_p95": q(ttft, 95), "itl_p50": q(gaps, 50), "e2e_p50": q(e2e, 50),
-                "e2e_p95": q(e2e, 95), "output_tokens_per_s": float(self.output.sum()) / max(self.wall_s, 1e-9),
-                "max_waiting": float(self.max_waiting)}
+        summary = self.summary()
+        keys = ("ttft_p50", "ttft_p95", "itl_p50", "e2e_p50", "e2e_p95", "output_tokens_per_s")
+        return {**{k: summary[k] for k in keys}, "max_waiting": float(self.max_waiting)}
 
 
 class InProcessEngine:
@@ -168,25 +185,13 @@ class InProcessEngine:
                          token_gaps=gaps, wall_s=wall, steps=np.array(steps).reshape(-1, 5))
 
     def write_replay(self, run: EngineRun, out: Path) -> Path:
-        """The run as a replay directory: engine arrival = queued, first token and finish = the engine's."""
-        from simulator.replay_records import RequestRecord, summarize, write_records
+        """The run as a replay directory (``records``, its ``summary``, the engine means and the token gaps)."""
+        from simulator.replay_records import write_records
 
         out.mkdir(parents=True, exist_ok=True)
-        records = []
-        for i in range(len(run.queued)):
-            gaps_ok = math.isfinite(run.first[i]) and run.output[i] > 1
-            records.append(RequestRecord(
-                index=i, endpoint="in-process", scheduled_s=float(run.scheduled[i]), sent_s=float(run.queued[i]),
-                accepted_s=float(run.queued[i]), first_token_s=float(run.first[i]), finish_s=float(run.last[i]),
-                status="ok" if math.isfinite(run.last[i]) else "error", trace_input_tokens=int(run.prompt[i]),
-                trace_output_tokens=int(run.output[i]), sent_input_tokens=int(run.prompt[i]),
-                requested_output_tokens=int(run.output[i]), prompt_tokens=int(run.prompt[i]),
-                output_tokens=int(run.output[i]), chunks=int(run.output[i]),
-                itl_mean_s=float((run.last[i] - run.first[i]) / (run.output[i] - 1)) if gaps_ok else math.nan))
-        write_records(out / "requests.csv", records)
+        write_records(out / "requests.csv", run.records())
         np.save(out / "token_gaps.npy", np.asarray(run.token_gaps, dtype=float))  # the per-token ITLs, kept
-        summary = summarize(records, run.wall_s, 1, itl=np.asarray(run.token_gaps, dtype=float))
-        (out / "summary.json").write_text(json.dumps(summary, indent=1))
+        (out / "summary.json").write_text(json.dumps(run.summary(), indent=1))
         # the engine histograms' sums and counts (what calibration's objective reads as server_* means), exact
         ok = np.isfinite(run.last)
         sums = {"vllm:time_to_first_token_seconds": (run.first - run.queued)[ok],

@@ -61,6 +61,11 @@ RETIRED_KEYS = -(1 << 62)
 """Retired entries' keys in the free queue count down from here (parked ones are ``-1 - owner``, trace ids >= 0)."""
 
 
+def _is_parked(key: int) -> bool:
+    """A free-queue key of a parked request (not a trace block, not a retired entry)."""
+    return RETIRED_KEYS < key < 0
+
+
 class PrefixCache:
     """vLLM's prefix cache over trace prefix blocks: ref-counted blocks of running requests + an LRU free queue."""
 
@@ -74,8 +79,7 @@ class PrefixCache:
         self.kv_per_block = max(block_tokens // kv_block_size, 1)
         self._free: OrderedDict[int, int] = OrderedDict()  # cached, held by nobody, LRU first: id -> KV blocks
         self._free_kv = 0  # KV blocks of ``_free`` (a trace block: kv_per_block; a parked request: its own)
-        self._parked: set[int] = set()  # keys of ``_free`` that are parked requests (the rest: trace or retired)
-        self.parked_kv = 0  # KV blocks of the parked entries
+        self.parked_kv = 0  # KV blocks of the parked entries (keys ``_is_parked``)
         self._retired = 0  # retired entries so far: their keys count down from RETIRED_KEYS
         self._refs: dict[int, int] = {}  # cached and held by running requests: reference counts
         self._held: dict[int, list[int]] = {}  # request id -> the blocks it holds references on
@@ -102,20 +106,15 @@ class PrefixCache:
         """Preempted ``owner``'s own full KV blocks (past its trace blocks) stay cached in the free queue."""
         if kv_blocks > 0:
             self.unpark(owner)
-            key = -1 - owner
-            self._free[key] = kv_blocks
+            self._free[-1 - owner] = kv_blocks
             self._free_kv += kv_blocks
-            self._parked.add(key)
             self.parked_kv += kv_blocks
 
     def unpark(self, owner: int) -> int:
         """``owner`` is admitted again: its parked blocks leave the free queue (held again, or useless)."""
-        key = -1 - owner
-        kv = self._free.pop(key, 0)
+        kv = self._free.pop(-1 - owner, 0)
         self._free_kv -= kv
-        if key in self._parked:
-            self._parked.discard(key)
-            self.parked_kv -= kv
+        self.parked_kv -= kv
         return kv
 
     def retire(self, kv_blocks: int) -> None:
@@ -243,16 +242,13 @@ class PrefixCache:
         else:
             del free[key]
         self._free_kv -= gone
-        if key in self._parked:
+        if _is_parked(key):
             self.parked_kv -= gone
-            if gone == kv:
-                self._parked.discard(key)
 
     def clear(self) -> None:
         """Forget everything (the pod is gone)."""
         self._free.clear()
         self._free_kv = 0
-        self._parked.clear()
         self.parked_kv = 0
         self._refs.clear()
         self._held.clear()

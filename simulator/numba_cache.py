@@ -10,6 +10,7 @@ the digest changes: the next call recompiles (seconds) instead of running stale 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from collections.abc import Iterable
 from pathlib import Path
@@ -25,10 +26,8 @@ def sources_digest(sources: Iterable[Path]) -> str:
     h = hashlib.sha256()
     for path in sources:
         h.update(path.name.encode())
-        try:
+        with contextlib.suppress(OSError):  # a missing source hashes as its name alone
             h.update(path.read_bytes())
-        except OSError:
-            h.update(b"")
     return h.hexdigest()
 
 
