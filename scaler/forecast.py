@@ -37,6 +37,7 @@ import functools
 import itertools
 import math
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -168,15 +169,21 @@ def horizon_rises(history: Samples, lead_s: float, slopes: Samples = (), level: 
     within the next lead time demand is above the band with probability ``1 - q``. With ``level``,
     only horizons that started within a factor ``LEVEL_BAND`` of it count: how far 1 replica of demand
     jumped says little about 8."""
+    return _rises_and_lags(history, lead_s, slopes, level, floor)[0]
+
+
+def _rises_and_lags(history: Samples, lead_s: float, slopes: Samples, level: float | None,
+                    floor: float) -> tuple[np.ndarray, np.ndarray]:
+    """``horizon_rises`` and, beside each rise, its lag in seconds (0 for the lag-0 entries)."""
     if len(history) < 2:
-        return np.empty(0)
+        return np.empty(0), np.empty(0)
     t, v = _columns(history)
     starts = np.flatnonzero(t + lead_s <= t[-1])
     if level is not None and starts.size:
         scale, here = np.maximum(v[starts], floor), max(level, floor)
         starts = starts[(scale >= here / LEVEL_BAND) & (scale <= here * LEVEL_BAND)]
     if starts.size == 0:
-        return np.empty(0)
+        return np.empty(0), np.empty(0)
     ends = np.searchsorted(t, t[starts] + lead_s, side="right")  # samples in (t_i, t_i + L]
     base = v[starts]
     slope = _aligned(slopes, t[starts])
@@ -185,9 +192,11 @@ def horizon_rises(history: Samples, lead_s: float, slopes: Samples = (), level: 
     later = starts[:, np.newaxis] + lags  # every sample offset within each horizon, one 2-D op
     inside = later < ends[:, np.newaxis]
     later = np.minimum(later, t.size - 1)
-    rises = (v[later] - base[:, np.newaxis] - slope[:, np.newaxis] * (t[later] - t[starts][:, np.newaxis]))
+    elapsed = t[later] - t[starts][:, np.newaxis]
+    rises = (v[later] - base[:, np.newaxis] - slope[:, np.newaxis] * elapsed)
     # lag 0 first: demand now is covered by any fleet sized for it
-    return np.concatenate([np.zeros(starts.size), (rises / scale[:, np.newaxis])[inside]])
+    return (np.concatenate([np.zeros(starts.size), (rises / scale[:, np.newaxis])[inside]]),
+            np.concatenate([np.zeros(starts.size), elapsed[inside]]))
 
 
 def _aligned(slopes: Samples, times: np.ndarray) -> np.ndarray:
@@ -200,20 +209,42 @@ def _aligned(slopes: Samples, times: np.ndarray) -> np.ndarray:
 
 
 def lead_time_headroom(history: Samples, slopes: Samples, lead_s: float, level: float, quantile: float,
-                       prior_rise: float, prior_horizons: int, spacing_s: float = 15.0) -> Headroom:
+                       prior_rise: float, prior_horizons: int, spacing_s: float = 15.0,
+                       survival: Callable[[np.ndarray], np.ndarray] | None = None) -> Headroom:
     """The ``quantile`` of past rises (``horizon_rises``) from levels like ``level``, pooled with
     ``prior_horizons`` lead times' worth of pseudo-observations of ``prior_rise``: one event in a short
     history (a step shows in every horizon that contains it) cannot set the margin alone, and a long
-    history outweighs the prior."""
-    rises = horizon_rises(history, max(lead_s, 0.0), slopes, level)
+    history outweighs the prior.
+
+    ``survival`` (lag seconds -> share of pods still starting that long after being ordered,
+    ``scaler.lead_time.survival``) weights each rise by how often the fleet decided now is still the
+    whole fleet at its lag: a pod ordered now lands after its own cold start, so a later moment is
+    covered by a later decision as often as the start is shorter. Without it every lag up to
+    ``lead_s`` weighs the same (the lead time taken as certain)."""
+    rises, lags = _rises_and_lags(history, max(lead_s, 0.0), slopes, level, RISE_FLOOR)
     per_horizon = max(1, int(max(lead_s, 0.0) // spacing_s))
-    pooled = np.concatenate([rises, np.full(prior_horizons * per_horizon, prior_rise)])
-    if pooled.size == 0:
-        return Headroom(max(prior_rise, 0.0), 0)
-    # numpy's "higher" quantile (the order statistic at ceil(q (n - 1))), without np.quantile's overhead
-    rank = min(max(math.ceil(quantile * (pooled.size - 1)), 0), pooled.size - 1)
-    rise = float(np.partition(pooled, rank)[rank])
     horizons = int(rises.size // per_horizon) if rises.size else 0
+    if survival is None:
+        pooled = np.concatenate([rises, np.full(prior_horizons * per_horizon, prior_rise)])
+        if pooled.size == 0:
+            return Headroom(max(prior_rise, 0.0), 0)
+        # numpy's "higher" quantile (the order statistic at ceil(q (n - 1))), without np.quantile's overhead
+        rank = min(max(math.ceil(quantile * (pooled.size - 1)), 0), pooled.size - 1)
+        rise = float(np.partition(pooled, rank)[rank])
+    else:
+        weights = np.clip(np.where(lags > 0, survival(lags), 1.0), 0.0, 1.0)
+        # the prior weighs what prior_horizons whole horizons of rises would
+        one_horizon = float(np.clip(survival(np.arange(1, per_horizon + 1) * spacing_s), 0.0, 1.0).sum())
+        prior_weight = prior_horizons * one_horizon
+        if weights.sum() + prior_weight <= 0:
+            return Headroom(max(prior_rise, 0.0), horizons)
+        values = np.concatenate([rises, [prior_rise]])
+        mass = np.concatenate([weights, [prior_weight]])
+        order = np.argsort(values)
+        cumulative = np.cumsum(mass[order])
+        # the smallest rise whose weighted share of time at or below it reaches the quantile
+        index = min(int(np.searchsorted(cumulative, quantile * cumulative[-1], side="left")), order.size - 1)
+        rise = float(values[order[index]])
     return Headroom(max(rise, 0.0) if math.isfinite(rise) else prior_rise, horizons)
 
 

@@ -7,12 +7,18 @@ most of them; ``None`` until ``min_samples`` pods have started (the policy then 
 The same starts say how long a pod *still* starting will take (``remaining_s``): the p90 of what the
 starts that lasted longer than it has so far took beyond that. At 0 s that is the lead time itself; a
 pod past the lead time is a tail draw, and counts as still on its way, not as arriving now.
+
+And how often a pod ordered now is still starting a given time later (``survival``): the share of time
+within the next lead time during which the fleet decided now is the whole fleet, which weights the
+policy's headroom.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+
+import numpy as np
 
 WINDOW = 20
 MIN_SAMPLES = 3
@@ -46,3 +52,17 @@ def remaining_s(cold_starts_s: Sequence[float], elapsed_s: float, window: int = 
     if len(longer) < min_samples:
         longer, since = recent[-min_samples:], recent[-min_samples]
     return longer[max(0, math.ceil(quantile * len(longer)) - 1)] - since
+
+
+def survival(cold_starts_s: Sequence[float], scale: float = 1.0, window: int = WINDOW,
+             min_samples: int = MIN_SAMPLES) -> Callable[[np.ndarray], np.ndarray] | None:
+    """Lag seconds -> share of the newest ``window`` starts (each times ``scale``, ``leadTimeScale``) longer
+    than the lag: the empirical survival function of the cold start. None with fewer than ``min_samples``."""
+    recent = np.sort(np.asarray(cold_starts_s[-window:], dtype=float)) * scale
+    if recent.size < min_samples:
+        return None
+
+    def still_starting(lags_s: np.ndarray) -> np.ndarray:
+        return 1.0 - np.searchsorted(recent, lags_s, side="right") / recent.size
+
+    return still_starting

@@ -313,8 +313,10 @@ def decide(signals: Signals, state: PolicyState, config: PolicyConfig, now: floa
     slopes = (forecast.push_spaced(state.slopes, now, trend.used, config.headroom_history_s, HISTORY_SPACING_S)
               if recording and history and history[-1][0] == now else state.slopes)
     slopes = slopes[bisect.bisect_left(slopes, (history[0][0] if history else now,)):]  # in time order
+    # a measured lead time comes with the starts behind it: weight each lag by how often a pod is still starting then
+    still_starting = lead_time.survival(signals.cold_starts_s, config.lead_time_scale) if lead is not None else None
     headroom = forecast.lead_time_headroom(history, slopes, lead_s, nominal, config.headroom_quantile,
-                                           config.prior_rise, config.prior_horizons)
+                                           config.prior_rise, config.prior_horizons, survival=still_starting)
     slope = _clip(trend.used / seen.efficiency)
     forecast_demand = _clip(demand + slope * lead_s)
     peak = _clip(forecast_demand + headroom.rise * (max(demand, forecast.RISE_FLOOR) if active else demand))

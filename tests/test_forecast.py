@@ -117,3 +117,42 @@ def test_headroom_is_numpys_higher_quantile_of_the_pooled_rises(values, lead, q)
     rises = horizon_rises(history, lead, (), values[-1])
     pooled = np.concatenate([rises, np.full(5 * max(1, int(lead // 15.0)), 0.25)])
     assert got.rise == max(float(np.quantile(pooled, q, method="higher")), 0.0)
+
+
+def test_survival_is_the_share_of_measured_starts_longer_than_the_lag() -> None:
+    from scaler.lead_time import survival
+
+    assert survival((100.0, 200.0)) is None  # fewer than three starts measured: no distribution yet
+    still = survival((300.0, 100.0, 200.0))
+    assert still(np.array([0.0, 99.0, 100.0, 150.0, 250.0, 300.0])).tolist() == pytest.approx(
+        [1.0, 1.0, 2 / 3, 2 / 3, 1 / 3, 0.0])
+    assert survival((300.0, 100.0, 200.0), scale=2.0)(np.array([150.0, 250.0])).tolist() == pytest.approx(
+        [1.0, 2 / 3])  # leadTimeScale stretches every start
+
+
+def test_headroom_counts_a_lag_as_often_as_a_pod_ordered_now_is_still_starting_then() -> None:
+    # a ramp the trend is not told about: the rise grows with the lag (0.1 of the level per 15 s)
+    history = series([10.0 * 1.1 ** i for i in range(60)])
+    uniform = lead_time_headroom(history, (), 120.0, 100.0, 0.9, 0.25, 0)
+    # every pod starts in 20 s: beyond the first 15-s lag the fleet decided now is never the whole fleet
+    short = lead_time_headroom(history, (), 120.0, 100.0, 0.9, 0.25, 0,
+                               survival=lambda lags: np.where(lags < 20.0, 1.0, 0.0))
+    assert short.rise == pytest.approx(0.1)
+    assert uniform.rise == pytest.approx(1.1 ** 8 - 1)
+    # starts that all outlast the horizon weigh every lag alike: the unweighted quantile, within one rank
+    long = lead_time_headroom(history, (), 120.0, 100.0, 0.9, 0.25, 0, survival=lambda lags: np.ones(lags.size))
+    assert long.rise == pytest.approx(uniform.rise)
+    assert short.horizons == uniform.horizons
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.floats(0.0, 1e4), min_size=0, max_size=80), st.floats(0.0, 600.0), st.floats(0.01, 0.99),
+       st.lists(st.floats(0.0, 900.0), min_size=3, max_size=20))
+def test_weighted_headroom_is_finite_non_negative_and_monotone_in_the_quantile(values, lead, q, starts) -> None:
+    from scaler.lead_time import survival
+
+    history, still = series(values), survival(starts)
+    level = values[-1] if values else 0.0
+    low = lead_time_headroom(history, (), lead, level, q * 0.5, 0.25, 5, survival=still)
+    high = lead_time_headroom(history, (), lead, level, q, 0.25, 5, survival=still)
+    assert math.isfinite(high.rise) and 0.0 <= low.rise <= high.rise
