@@ -23,7 +23,9 @@ as the fleet grows; no fixed utilization target. Below one replica of demand ris
 replica units (a burst from 0.2 to 1.5 replicas needs a second replica, however small 0.2 is).
 Only horizons that started from a demand within a factor two of today's count (a jump from 1 to 8
 replicas says little about the noise at 8), and a fixed number of pseudo-observations of a prior rise
-join them, so one event in a short history cannot set the margin alone.
+join them, so one event in a short history cannot set the margin alone. With measured cold starts a
+rise at lag ``s`` weighs the share of starts longer than ``s``: the fleet decided now is the whole
+fleet at that moment only while a pod ordered now would still be starting.
 
 **Backlog** (``project_backlog``): a fluid queue. Work arrives at the forecast demand and is served
 by the ready replicas plus the starting ones as each is expected to become ready.
