@@ -155,6 +155,8 @@ class PolicyState:
     """(t, modelled demand in replica units), one per ``HISTORY_SPACING_S`` over the headroom history."""
     slopes: window.Samples = ()
     """(t, confident demand trend in replica units per second) at the times of ``demand``."""
+    kv: window.Samples = ()
+    """(t, KV cache in use, in replicas), one per ``HISTORY_SPACING_S`` over the headroom history."""
     waiting: window.Samples = ()
     """(t, waiting tokens) over the rate window: backlog growth."""
     capacity: efficiency.CapacityMemory = field(default_factory=efficiency.CapacityMemory)
@@ -297,7 +299,6 @@ def decide(signals: Signals, state: PolicyState, config: PolicyConfig, now: floa
     seen, capacity_memory = efficiency.assess(state.capacity, signals, served, late_share, now, config.rate_window_s)
     demand = _clip(nominal / seen.efficiency)
     backlog = _clip(nominal_backlog / seen.efficiency)
-    kv_demand = _clip(seen.kv_replicas / KV_SAFE_USAGE)
 
     # an idle model gets no headroom: scale-to-zero stays possible, activation wakes it
     active = (signals.requests_waiting > 0 or signals.requests_running > 0
@@ -321,6 +322,16 @@ def decide(signals: Signals, state: PolicyState, config: PolicyConfig, now: floa
     slope = _clip(trend.used / seen.efficiency)
     forecast_demand = _clip(demand + slope * lead_s)
     peak = _clip(forecast_demand + headroom.rise * (max(demand, forecast.RISE_FLOOR) if active else demand))
+    # the KV cache is the other resource a replica runs out of, and near its edge it fills faster than token
+    # work grows: the same band, measured on the KV in use, so its rises are the ones the memory shows
+    kv_history = (forecast.push_spaced(state.kv, now, seen.kv_replicas, config.headroom_history_s, HISTORY_SPACING_S)
+                  if recording and signals.kv_cache_usage is not None else state.kv)
+    kv_history = kv_history[bisect.bisect_left(kv_history, (now - config.headroom_history_s,)):]
+    kv_headroom = forecast.lead_time_headroom(kv_history, (), lead_s, seen.kv_replicas, config.headroom_quantile,
+                                              config.prior_rise, config.prior_horizons, survival=still_starting)
+    kv_peak = _clip(seen.kv_replicas + kv_headroom.rise * max(seen.kv_replicas, forecast.RISE_FLOOR)
+                    if active else seen.kv_replicas)
+    kv_demand = _clip(kv_peak / KV_SAFE_USAGE)
 
     # 4. backlog when new replicas could arrive, counting those already starting as they come
     starting_since = _track_starting(state.starting_since, signals.starting_replicas, now)
@@ -380,6 +391,8 @@ def decide(signals: Signals, state: PolicyState, config: PolicyConfig, now: floa
         "starting_replicas": float(signals.starting_replicas),
         "needed_for_peak": peak,
         "needed_for_backlog": for_backlog,
+        "kv_headroom_rise": kv_headroom.rise,
+        "kv_peak_replicas": kv_peak,
         "needed_for_kv": kv_demand,
         "recommended_replicas": float(recommended),
         "stabilized_replicas": stabilized,
@@ -388,6 +401,7 @@ def decide(signals: Signals, state: PolicyState, config: PolicyConfig, now: floa
     }
     new_state = PolicyState(
         demand=history,
+        kv=kv_history,
         slopes=slopes,
         waiting=waiting_samples,
         capacity=capacity_memory,
