@@ -15,11 +15,12 @@ one replica sustains within the SLO, ``ReplicaCapacity``) with one small model:
    each lag weighed by how often a pod ordered now is still starting then (the measured cold starts).
    The fleet now must carry the peak of the next lead time, because nothing ordered now serves
    sooner, and nothing removed now comes back sooner: so scale-down happens only when the fleet
-   that remains could carry that peak until it could scale back up;
+   that remains could carry that peak until it could scale back up. The KV cache in use gets the
+   same band (it fills far faster than token work grows near its edge, where a fleet collapses);
 4. **backlog**: the queue projected to when replicas ordered now could be ready, the replicas already
    starting counted as they come (no 2→4→8 runaway; one past its expected start as the measured
    starts say it still needs, ``scaler.lead_time.remaining_s``), cleared within ``backlog_drain_s``;
-5. desired = ceil(max(peak, demand + projected backlog / drain time, KV) / target utilization), the
+5. desired = ceil(max(peak, demand + projected backlog / drain time, KV peak / 0.9) / target utilization), the
    largest of the last ``scale_down_delay_s`` (KEDA's scale-down delay), within min/max and at
    least 1 while active.
 
@@ -60,12 +61,12 @@ KV_SAFE_USAGE = 0.9
 class PolicyConfig:
     """The policy's settings; validated on construction (``ValueError`` naming field, value, range).
 
-    Defaults and why: ``headroom_quantile`` 0.85: at a moment within the next lead time demand is
-    within the band 85 % of the time (the lowest level at which every causally feasible row of the
-    policy suite met the SLO at every seed, docs/autoscaling.md; the late moments are what the queue
-    and the 5 % TTFT budget absorb); ``headroom_history_s`` one hour: long enough for a hundred
-    lead-time horizons, short enough to follow the hour's traffic; ``prior_rise`` 0.25 (the 0.8
-    target utilization it replaces) until ``prior_horizons`` horizons of evidence exist;
+    Defaults and why: ``headroom_quantile`` 0.8: at a moment within the next lead time demand (and
+    the KV cache in use) is within its band 80 % of the time (the lowest level at which every causally
+    feasible row of the policy suite but mooncake x 2 met the SLO at every seed, docs/autoscaling.md;
+    the late moments are what the queue and the 5 % TTFT budget absorb); ``headroom_history_s`` one
+    hour: long enough for a hundred lead-time horizons, short enough to follow the hour's traffic;
+    ``prior_rise`` 0.25 (the 0.8 target utilization it replaces) until ``prior_horizons`` horizons of evidence exist;
     ``backlog_drain_s`` 60 equals the usual rate window (a faster drain cannot be observed in 60 s
     rates, so it would only overshoot); ``target_utilization`` 1: the capacity is already the one
     within the SLO, and the headroom is measured, so no blind margin is added unless asked for.
@@ -86,7 +87,7 @@ class PolicyConfig:
     activation_threshold: float = 0.0
     backlog_drain_s: float = 60.0
     """Seconds in which a backlog left when new replicas arrive should be cleared."""
-    headroom_quantile: float = 0.85
+    headroom_quantile: float = 0.8
     """Quantile of past lead-time rises of demand the fleet carries (the conformal level)."""
     headroom_history_s: float = 3600.0
     """Seconds of demand history whose lead-time rises size the headroom."""

@@ -44,7 +44,7 @@ def _number(value: float) -> str:
 class Settings:
     """One candidate: the policy's tunables and the HPA behavior (defaults: the policy's and the chart's)."""
 
-    headroom_quantile: float = 0.85
+    headroom_quantile: float = 0.8
     """The conformal level of the lead-time headroom (``headroomQuantile``): what ``tune`` searches."""
     target_utilization: float = 1.0
     lead_time_scale: float = 1.0
