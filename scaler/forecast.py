@@ -242,12 +242,31 @@ def lead_time_headroom(history: Samples, slopes: Samples, lead_s: float, level: 
             return Headroom(max(prior_rise, 0.0), horizons)
         values = np.concatenate([rises, [prior_rise]])
         mass = np.concatenate([weights, [prior_weight]])
-        order = np.argsort(values)
+        order = np.argsort(values, kind="stable")  # timsort: about twice as fast here, and the same value
         cumulative = np.cumsum(mass[order])
         # the smallest rise whose weighted share of time at or below it reaches the quantile
         index = min(int(np.searchsorted(cumulative, quantile * cumulative[-1], side="left")), order.size - 1)
         rise = float(values[order[index]])
     return Headroom(max(rise, 0.0) if math.isfinite(rise) else prior_rise, horizons)
+
+
+def headroom_inputs(history: Samples, slopes: Samples, lead_s: float, level: float, quantile: float,
+                    prior_rise: float, prior_horizons: int, spacing_s: float = 15.0,
+                    survival: Callable[[np.ndarray], np.ndarray] | None = None) -> tuple:
+    """Everything ``lead_time_headroom``'s answer depends on, cheap to build and compare: the history's
+    first and last time and length (a policy's history only gains samples at the end and loses them at
+    the front), the same of the slopes, which past horizons ``level`` selects, and the settings. Equal
+    inputs, equal answer: a decision reuses the last one's headroom while its history has not moved
+    (two rounds in three at a 5 s round and 15 s samples) instead of recomputing it."""
+    span = (history[0][0], history[-1][0], len(history)) if history else ()
+    slope_span = (slopes[0][0], slopes[-1][0], len(slopes)) if slopes else ()
+    selected = b""
+    if len(history) >= 2:
+        t, v = _columns(history)
+        base = np.maximum(v[np.flatnonzero(t + max(lead_s, 0.0) <= t[-1])], RISE_FLOOR)
+        here = max(level, RISE_FLOOR)
+        selected = ((base >= here / LEVEL_BAND) & (base <= here * LEVEL_BAND)).tobytes()
+    return (span, slope_span, selected, lead_s, quantile, prior_rise, prior_horizons, spacing_s, survival)
 
 
 def project_backlog(

@@ -16,7 +16,8 @@ policy's headroom.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -54,15 +55,24 @@ def remaining_s(cold_starts_s: Sequence[float], elapsed_s: float, window: int = 
     return longer[max(0, math.ceil(quantile * len(longer)) - 1)] - since
 
 
-def survival(cold_starts_s: Sequence[float], scale: float = 1.0, window: int = WINDOW,
-             min_samples: int = MIN_SAMPLES) -> Callable[[np.ndarray], np.ndarray] | None:
-    """Lag seconds -> share of the newest ``window`` starts (each times ``scale``, ``leadTimeScale``) longer
-    than the lag: the empirical survival function of the cold start. None with fewer than ``min_samples``."""
-    recent = np.sort(np.asarray(cold_starts_s[-window:], dtype=float)) * scale
-    if recent.size < min_samples:
-        return None
+@dataclass(frozen=True)
+class Survival:
+    """The empirical survival function of the cold start: lag seconds -> share of ``starts_s`` longer than
+    the lag. A value (compared and hashed by its starts), so a decision can tell it met the same one."""
 
-    def still_starting(lags_s: np.ndarray) -> np.ndarray:
+    starts_s: tuple[float, ...]
+    """Measured starts, sorted, each already times ``leadTimeScale``."""
+
+    def __call__(self, lags_s: np.ndarray) -> np.ndarray:
+        recent = np.asarray(self.starts_s)
         return 1.0 - np.searchsorted(recent, lags_s, side="right") / recent.size
 
-    return still_starting
+
+def survival(cold_starts_s: Sequence[float], scale: float = 1.0, window: int = WINDOW,
+             min_samples: int = MIN_SAMPLES) -> Survival | None:
+    """Lag seconds -> share of the newest ``window`` starts (each times ``scale``, ``leadTimeScale``) longer
+    than the lag: the empirical survival function of the cold start. None with fewer than ``min_samples``."""
+    recent = sorted(float(s) * scale for s in cold_starts_s[-window:])
+    if len(recent) < min_samples:
+        return None
+    return Survival(tuple(recent))

@@ -158,6 +158,9 @@ class PolicyState:
     """(t, confident demand trend in replica units per second) at the times of ``demand``."""
     kv: window.Samples = ()
     """(t, KV cache in use, in replicas), one per ``HISTORY_SPACING_S`` over the headroom history."""
+    bands: tuple[tuple[tuple, forecast.Headroom], ...] = ()
+    """The last decision's (inputs, headroom) of the demand band and the KV band: reused while the inputs
+    are equal (``forecast.headroom_inputs``), the same answer without recomputing it."""
     waiting: window.Samples = ()
     """(t, waiting tokens) over the rate window: backlog growth."""
     capacity: efficiency.CapacityMemory = field(default_factory=efficiency.CapacityMemory)
@@ -254,6 +257,18 @@ def _track_starting(previous: tuple[float, ...], starting: int, now: float) -> t
     return tuple(kept) + (now,) * (starting - len(kept))
 
 
+def _band(last: tuple[tuple, forecast.Headroom] | None, history: window.Samples, slopes: window.Samples,
+          lead_s: float, level: float, band: tuple) -> tuple[tuple, forecast.Headroom]:
+    """(inputs, headroom) of one lead-time band: the last decision's where its inputs were these."""
+    quantile, prior_rise, prior_horizons, spacing_s, survival = band
+    inputs = forecast.headroom_inputs(history, slopes, lead_s, level, quantile, prior_rise, prior_horizons,
+                                      spacing_s, survival)
+    if last is not None and last[0] == inputs:
+        return last
+    return inputs, forecast.lead_time_headroom(history, slopes, lead_s, level, quantile, prior_rise, prior_horizons,
+                                               spacing_s, survival=survival)
+
+
 def decide(signals: Signals, state: PolicyState, config: PolicyConfig, now: float) -> Decision:
     """Desired replicas for one model at time ``now`` (seconds, the caller's clock)."""
     if not (isinstance(now, (int, float)) and math.isfinite(now)):
@@ -318,18 +333,19 @@ def decide(signals: Signals, state: PolicyState, config: PolicyConfig, now: floa
     slopes = slopes[bisect.bisect_left(slopes, (history[0][0] if history else now,)):]  # in time order
     # a measured lead time comes with the starts behind it: weight each lag by how often a pod is still starting then
     still_starting = lead_time.survival(signals.cold_starts_s, config.lead_time_scale) if lead is not None else None
-    headroom = forecast.lead_time_headroom(history, slopes, lead_s, nominal, config.headroom_quantile,
-                                           config.prior_rise, config.prior_horizons, survival=still_starting)
+    band = (config.headroom_quantile, config.prior_rise, config.prior_horizons, HISTORY_SPACING_S, still_starting)
+    demand_band = _band(state.bands[0] if state.bands else None, history, slopes, lead_s, nominal, band)
     slope = _clip(trend.used / seen.efficiency)
     forecast_demand = _clip(demand + slope * lead_s)
+    headroom = demand_band[1]
     peak = _clip(forecast_demand + headroom.rise * (max(demand, forecast.RISE_FLOOR) if active else demand))
     # the KV cache is the other resource a replica runs out of, and near its edge it fills faster than token
     # work grows: the same band, measured on the KV in use, so its rises are the ones the memory shows
     kv_history = (forecast.push_spaced(state.kv, now, seen.kv_replicas, config.headroom_history_s, HISTORY_SPACING_S)
                   if recording and signals.kv_cache_usage is not None else state.kv)
     kv_history = kv_history[bisect.bisect_left(kv_history, (now - config.headroom_history_s,)):]
-    kv_headroom = forecast.lead_time_headroom(kv_history, (), lead_s, seen.kv_replicas, config.headroom_quantile,
-                                              config.prior_rise, config.prior_horizons, survival=still_starting)
+    kv_band = _band(state.bands[1] if state.bands else None, kv_history, (), lead_s, seen.kv_replicas, band)
+    kv_headroom = kv_band[1]
     kv_peak = _clip(seen.kv_replicas + kv_headroom.rise * max(seen.kv_replicas, forecast.RISE_FLOOR)
                     if active else seen.kv_replicas)
     kv_demand = _clip(kv_peak / KV_SAFE_USAGE)
@@ -403,6 +419,7 @@ def decide(signals: Signals, state: PolicyState, config: PolicyConfig, now: floa
     new_state = PolicyState(
         demand=history,
         kv=kv_history,
+        bands=(demand_band, kv_band),
         slopes=slopes,
         waiting=waiting_samples,
         capacity=capacity_memory,

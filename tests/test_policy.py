@@ -402,3 +402,26 @@ def test_the_kv_cache_gets_its_own_band_from_how_far_it_rose_at_this_level() -> 
     assert final["jumpy"].terms["kv_headroom_rise"] == pytest.approx(1.5)  # 2 -> 5 replicas: +150 %
     assert final["jumpy"].terms["needed_for_kv"] == pytest.approx(5.0 / 0.9)
     assert final["jumpy"].desired_replicas >= 6 > final["still"].desired_replicas
+
+
+def test_a_decision_that_reuses_the_last_bands_answers_exactly_as_one_that_recomputes_them() -> None:
+    """The bands are recomputed only when their inputs moved (``forecast.headroom_inputs``); a state stripped of
+    the memo must give the very same decisions, terms included, through bursts, KV jumps and measured starts."""
+    import numpy as np
+
+    rng = np.random.default_rng(11)
+    starts = tuple(float(s) for s in rng.lognormal(np.log(120.0), 0.54, 20))
+    kept, fresh = PolicyState(), PolicyState()
+    reused = 0
+    for k in range(1500):  # two hours of 5 s rounds: the history fills, then drops samples at its front
+        t = 5.0 * k
+        level = 4.0 + 3.0 * ((k // 24) % 5 == 0) + rng.normal(0.0, 0.3)
+        sig = signals(at=t, prompt_tokens_per_s=10_000.0 * max(level, 0.0), requests_running=8.0, ready_replicas=6,
+                      kv_cache_usage=min(1.0, 0.2 + 0.6 * ((k // 24) % 5 == 0) + rng.uniform(0.0, 0.1)),
+                      lead_time_s=240.0, cold_starts_s=starts)
+        a = decide(sig, kept, config(), t)
+        b = decide(sig, replace(fresh, bands=()), config(), t)
+        assert a.desired_replicas == b.desired_replicas and dict(a.terms) == dict(b.terms)
+        reused += bool(kept.bands) and a.state.bands[0] is kept.bands[0]
+        kept, fresh = a.state, b.state
+    assert reused > 300  # a round between history samples whose band selection did not move reuses it
