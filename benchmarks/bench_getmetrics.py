@@ -50,6 +50,11 @@ META = {"prefillTokensPerSecond": "8000", "decodeTokensPerSecond": "2000", "maxN
         "kvCacheTokens": "200000"}
 
 
+COLD_STARTS_S = tuple(float(120 + 7 * k) for k in range(20))
+"""Measured cold starts as ``leadTime: auto`` hands them over (the lead-time bands weigh their lags by
+them), with their nearest-rank p90 (the 18th of 20) as the lead time."""
+
+
 class FakeSource:
     """Every model gets a steady, model-dependent load; answers in microseconds."""
 
@@ -61,7 +66,8 @@ class FakeSource:
             index = int(t.model.rsplit("-", 1)[-1])
             out[t] = Signals(at=now, prompt_tokens_per_s=500.0 * index, generation_tokens_per_s=120.0 * index,
                              requests_waiting=float(index % 3), requests_running=float(index), ready_replicas=1,
-                             data_age_s=2.0)
+                             data_age_s=2.0, kv_cache_usage=0.1 + 0.04 * (index % 20),
+                             lead_time_s=COLD_STARTS_S[17], cold_starts_s=COLD_STARTS_S)
         return out
 
 
