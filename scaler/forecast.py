@@ -137,6 +137,10 @@ LEVEL_BAND = 2.0
 """Horizons count toward the headroom when they started within this factor of the current demand."""
 
 
+BandInputs = tuple[object, ...]
+"""What a lead-time band's answer depends on (``headroom_inputs``): equal inputs, equal headroom."""
+
+
 @dataclass(frozen=True)
 class Headroom:
     """The margin the fleet keeps over current demand, and the evidence behind it."""
@@ -252,7 +256,7 @@ def lead_time_headroom(history: Samples, slopes: Samples, lead_s: float, level: 
 
 def headroom_inputs(history: Samples, slopes: Samples, lead_s: float, level: float, quantile: float,
                     prior_rise: float, prior_horizons: int, spacing_s: float = 15.0,
-                    survival: Callable[[np.ndarray], np.ndarray] | None = None) -> tuple:
+                    survival: Callable[[np.ndarray], np.ndarray] | None = None) -> BandInputs:
     """Everything ``lead_time_headroom``'s answer depends on, cheap to build and compare: the history's
     first and last time and length (a policy's history only gains samples at the end and loses them at
     the front), the same of the slopes, which past horizons ``level`` selects, and the settings. Equal

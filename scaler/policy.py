@@ -158,7 +158,7 @@ class PolicyState:
     """(t, confident demand trend in replica units per second) at the times of ``demand``."""
     kv: window.Samples = ()
     """(t, KV cache in use, in replicas), one per ``HISTORY_SPACING_S`` over the headroom history."""
-    bands: tuple[tuple[tuple, forecast.Headroom], ...] = ()
+    bands: tuple[tuple[forecast.BandInputs, forecast.Headroom], ...] = ()
     """The last decision's (inputs, headroom) of the demand band and the KV band: reused while the inputs
     are equal (``forecast.headroom_inputs``), the same answer without recomputing it."""
     waiting: window.Samples = ()
@@ -257,8 +257,14 @@ def _track_starting(previous: tuple[float, ...], starting: int, now: float) -> t
     return tuple(kept) + (now,) * (starting - len(kept))
 
 
-def _band(last: tuple[tuple, forecast.Headroom] | None, history: window.Samples, slopes: window.Samples,
-          lead_s: float, level: float, band: tuple) -> tuple[tuple, forecast.Headroom]:
+BandSettings = tuple[float, float, int, float, lead_time.Survival | None]
+"""(quantile, prior rise, prior horizons, sample spacing, lag weights): what both bands share."""
+BandMemo = tuple[forecast.BandInputs, forecast.Headroom]
+"""A band's inputs and its answer, kept for the next decision."""
+
+
+def _band(last: BandMemo | None, history: window.Samples, slopes: window.Samples, lead_s: float, level: float,
+          band: BandSettings) -> BandMemo:
     """(inputs, headroom) of one lead-time band: the last decision's where its inputs were these."""
     quantile, prior_rise, prior_horizons, spacing_s, survival = band
     inputs = forecast.headroom_inputs(history, slopes, lead_s, level, quantile, prior_rise, prior_horizons,
