@@ -433,18 +433,32 @@ def decide(signals: Signals, state: PolicyState, config: PolicyConfig, now: floa
         starting_since=starting_since,
         first_seen=first_seen,
     )
-    reason = _reason(desired, recommended, current, peak, lead_s, headroom, config)
+    outlook = _outlook(peak, for_backlog, projected, kv_demand, kv_peak, seen.kv_replicas, lead_s, headroom,
+                       kv_headroom, config)
+    reason = _reason(desired, recommended, current, outlook, config)
     return Decision(desired, active, MappingProxyType(terms), reason, new_state)
 
 
-def _reason(desired: int, recommended: int, current: int, peak: float, lead_s: float,
-            headroom: forecast.Headroom, config: PolicyConfig) -> str:
+def _outlook(peak: float, for_backlog: float, projected: float, kv_demand: float, kv_peak: float, kv_now: float,
+             lead_s: float, headroom: forecast.Headroom, kv_headroom: forecast.Headroom, config: PolicyConfig) -> str:
+    """What the largest of the three needs (the lead time's peak, the backlog's drain, the KV cache) says."""
+    if kv_demand > max(peak, for_backlog):
+        return (f"the KV cache in use ({kv_now:.2f} replicas' worth, up to {kv_peak:.2f} within the next "
+                f"{lead_s:g} s: +{kv_headroom.rise:.0%}, the q{config.headroom_quantile:g} rise of "
+                f"{kv_headroom.horizons} past lead times) needs {kv_demand:.2f} replicas at "
+                f"{KV_SAFE_USAGE:.0%} each")
+    if for_backlog > peak:
+        return (f"a backlog of {projected:.1f} replica-seconds left when new replicas could arrive, cleared "
+                f"within {config.backlog_drain_s:g} s, needs {for_backlog:.2f} replicas")
+    return (f"peak demand {peak:.2f} replicas over the next {lead_s:g} s (+{headroom.rise:.0%}, the "
+            f"q{config.headroom_quantile:g} rise of {headroom.horizons} past lead times)")
+
+
+def _reason(desired: int, recommended: int, current: int, outlook: str, config: PolicyConfig) -> str:
     """One sentence a person can check against the terms."""
-    outlook = (f"peak demand {peak:.2f} replicas over the next {lead_s:g} s (+{headroom.rise:.0%}, the "
-               f"q{config.headroom_quantile:g} rise of {headroom.horizons} past lead times)")
     if recommended < desired:
-        return (f"keep {desired} (now {current}): {outlook} needs {recommended}, but scale-down waits out the "
-                f"{config.scale_down_delay_s:g} s stabilization window")
+        return (f"keep {desired} (now {current}): {outlook}; that needs {recommended}, but scale-down waits out "
+                f"the {config.scale_down_delay_s:g} s stabilization window")
     if desired > current:
         return f"scale up from {current} to {desired}: {outlook}"
     if desired < current:

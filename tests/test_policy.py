@@ -402,6 +402,9 @@ def test_the_kv_cache_gets_its_own_band_from_how_far_it_rose_at_this_level() -> 
     assert final["jumpy"].terms["kv_headroom_rise"] == pytest.approx(1.5)  # 2 -> 5 replicas: +150 %
     assert final["jumpy"].terms["needed_for_kv"] == pytest.approx(5.0 / 0.9)
     assert final["jumpy"].desired_replicas >= 6 > final["still"].desired_replicas
+    # what binds is named, with its numbers
+    assert "KV cache in use (2.00 replicas' worth, up to 5.00 within the next" in final["jumpy"].reason
+    assert "needs 5.56 replicas at 90% each" in final["jumpy"].reason
 
 
 def test_a_decision_that_reuses_the_last_bands_answers_exactly_as_one_that_recomputes_them() -> None:
@@ -425,3 +428,12 @@ def test_a_decision_that_reuses_the_last_bands_answers_exactly_as_one_that_recom
         reused += bool(kept.bands) and a.state.bands[0] is kept.bands[0]
         kept, fresh = a.state, b.state
     assert reused > 300  # a round between history samples whose band selection did not move reuses it
+
+
+def test_the_reason_names_the_need_that_binds() -> None:
+    """A deep queue on one replica: the backlog's drain, not the peak, sets the answer, and the reason says so."""
+    d = decide(signals(prompt_tokens_per_s=5_000.0, requests_running=4.0, requests_waiting=40.0,
+                       waiting_tokens=2_000_000.0), PolicyState(), config(), 0.0)
+    assert d.terms["needed_for_backlog"] > max(d.terms["needed_for_peak"], d.terms["needed_for_kv"])
+    assert d.reason.startswith(f"scale up from 1 to {d.desired_replicas}: a backlog of ")
+    assert f"needs {d.terms['needed_for_backlog']:.2f} replicas" in d.reason
