@@ -184,10 +184,7 @@ def _rises_and_lags(history: Samples, lead_s: float, slopes: Samples, level: flo
     if len(history) < 2:
         return np.empty(0), np.empty(0)
     t, v = _columns(history)
-    starts = np.flatnonzero(t + lead_s <= t[-1])
-    if level is not None and starts.size:
-        scale, here = np.maximum(v[starts], floor), max(level, floor)
-        starts = starts[(scale >= here / LEVEL_BAND) & (scale <= here * LEVEL_BAND)]
+    starts = _selected_starts(t, v, lead_s, level, floor)
     if starts.size == 0:
         return np.empty(0), np.empty(0)
     ends = np.searchsorted(t, t[starts] + lead_s, side="right")  # samples in (t_i, t_i + L]
@@ -203,6 +200,16 @@ def _rises_and_lags(history: Samples, lead_s: float, slopes: Samples, level: flo
     # lag 0 first: demand now is covered by any fleet sized for it
     return (np.concatenate([np.zeros(starts.size), (rises / scale[:, np.newaxis])[inside]]),
             np.concatenate([np.zeros(starts.size), elapsed[inside]]))
+
+
+def _selected_starts(t: np.ndarray, v: np.ndarray, lead_s: float, level: float | None, floor: float) -> np.ndarray:
+    """Indices of the samples whose next ``lead_s`` seconds lie inside the history and, with ``level``,
+    whose demand was within a factor ``LEVEL_BAND`` of it: the horizons a band pools."""
+    starts = np.flatnonzero(t + lead_s <= t[-1])
+    if level is not None and starts.size:
+        scale, here = np.maximum(v[starts], floor), max(level, floor)
+        starts = starts[(scale >= here / LEVEL_BAND) & (scale <= here * LEVEL_BAND)]
+    return starts
 
 
 def _aligned(slopes: Samples, times: np.ndarray) -> np.ndarray:
@@ -264,12 +271,8 @@ def headroom_inputs(history: Samples, slopes: Samples, lead_s: float, level: flo
     (two rounds in three at a 5 s round and 15 s samples) instead of recomputing it."""
     span = (history[0][0], history[-1][0], len(history)) if history else ()
     slope_span = (slopes[0][0], slopes[-1][0], len(slopes)) if slopes else ()
-    selected = b""
-    if len(history) >= 2:
-        t, v = _columns(history)
-        base = np.maximum(v[np.flatnonzero(t + max(lead_s, 0.0) <= t[-1])], RISE_FLOOR)
-        here = max(level, RISE_FLOOR)
-        selected = ((base >= here / LEVEL_BAND) & (base <= here * LEVEL_BAND)).tobytes()
+    selected = (_selected_starts(*_columns(history), max(lead_s, 0.0), level, RISE_FLOOR).tobytes()
+                if len(history) >= 2 else b"")
     return (span, slope_span, selected, lead_s, quantile, prior_rise, prior_horizons, spacing_s, survival)
 
 

@@ -57,6 +57,10 @@ KV_SAFE_USAGE = 0.9
 """Share of a replica's KV cache the fleet may plan to fill (vLLM preempts when it is full)."""
 
 
+BandMemo = tuple[forecast.BandInputs, forecast.Headroom]
+"""A lead-time band's inputs and its answer, kept for the next decision."""
+
+
 @dataclass(frozen=True)
 class PolicyConfig:
     """The policy's settings; validated on construction (``ValueError`` naming field, value, range).
@@ -158,7 +162,7 @@ class PolicyState:
     """(t, confident demand trend in replica units per second) at the times of ``demand``."""
     kv: window.Samples = ()
     """(t, KV cache in use, in replicas), one per ``HISTORY_SPACING_S`` over the headroom history."""
-    bands: tuple[tuple[forecast.BandInputs, forecast.Headroom], ...] = ()
+    bands: tuple[BandMemo, ...] = ()
     """The last decision's (inputs, headroom) of the demand band and the KV band: reused while the inputs
     are equal (``forecast.headroom_inputs``), the same answer without recomputing it."""
     waiting: window.Samples = ()
@@ -257,22 +261,14 @@ def _track_starting(previous: tuple[float, ...], starting: int, now: float) -> t
     return tuple(kept) + (now,) * (starting - len(kept))
 
 
-BandSettings = tuple[float, float, int, float, lead_time.Survival | None]
-"""(quantile, prior rise, prior horizons, sample spacing, lag weights): what both bands share."""
-BandMemo = tuple[forecast.BandInputs, forecast.Headroom]
-"""A band's inputs and its answer, kept for the next decision."""
-
-
 def _band(last: BandMemo | None, history: window.Samples, slopes: window.Samples, lead_s: float, level: float,
-          band: BandSettings) -> BandMemo:
+          config: PolicyConfig, survival: lead_time.Survival | None) -> BandMemo:
     """(inputs, headroom) of one lead-time band: the last decision's where its inputs were these."""
-    quantile, prior_rise, prior_horizons, spacing_s, survival = band
-    inputs = forecast.headroom_inputs(history, slopes, lead_s, level, quantile, prior_rise, prior_horizons,
-                                      spacing_s, survival)
+    settings = (config.headroom_quantile, config.prior_rise, config.prior_horizons, HISTORY_SPACING_S)
+    inputs = forecast.headroom_inputs(history, slopes, lead_s, level, *settings, survival)
     if last is not None and last[0] == inputs:
         return last
-    return inputs, forecast.lead_time_headroom(history, slopes, lead_s, level, quantile, prior_rise, prior_horizons,
-                                               spacing_s, survival=survival)
+    return inputs, forecast.lead_time_headroom(history, slopes, lead_s, level, *settings, survival=survival)
 
 
 def decide(signals: Signals, state: PolicyState, config: PolicyConfig, now: float) -> Decision:
@@ -339,8 +335,8 @@ def decide(signals: Signals, state: PolicyState, config: PolicyConfig, now: floa
     slopes = slopes[bisect.bisect_left(slopes, (history[0][0] if history else now,)):]  # in time order
     # a measured lead time comes with the starts behind it: weight each lag by how often a pod is still starting then
     still_starting = lead_time.survival(signals.cold_starts_s, config.lead_time_scale) if lead is not None else None
-    band = (config.headroom_quantile, config.prior_rise, config.prior_horizons, HISTORY_SPACING_S, still_starting)
-    demand_band = _band(state.bands[0] if state.bands else None, history, slopes, lead_s, nominal, band)
+    demand_band = _band(state.bands[0] if state.bands else None, history, slopes, lead_s, nominal, config,
+                        still_starting)
     slope = _clip(trend.used / seen.efficiency)
     forecast_demand = _clip(demand + slope * lead_s)
     headroom = demand_band[1]
@@ -348,9 +344,10 @@ def decide(signals: Signals, state: PolicyState, config: PolicyConfig, now: floa
     # the KV cache is the other resource a replica runs out of, and near its edge it fills faster than token
     # work grows: the same band, measured on the KV in use, so its rises are the ones the memory shows
     kv_history = (forecast.push_spaced(state.kv, now, seen.kv_replicas, config.headroom_history_s, HISTORY_SPACING_S)
-                  if recording and signals.kv_cache_usage is not None else state.kv)
-    kv_history = kv_history[bisect.bisect_left(kv_history, (now - config.headroom_history_s,)):]
-    kv_band = _band(state.bands[1] if state.bands else None, kv_history, (), lead_s, seen.kv_replicas, band)
+                  if recording and signals.kv_cache_usage is not None
+                  else state.kv[bisect.bisect_left(state.kv, (now - config.headroom_history_s,)):])
+    kv_band = _band(state.bands[1] if state.bands else None, kv_history, (), lead_s, seen.kv_replicas, config,
+                    still_starting)
     kv_headroom = kv_band[1]
     kv_peak = _clip(seen.kv_replicas + kv_headroom.rise * max(seen.kv_replicas, forecast.RISE_FLOOR)
                     if active else seen.kv_replicas)
