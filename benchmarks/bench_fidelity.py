@@ -199,18 +199,17 @@ def run_setting_in_process(setting: str, args: argparse.Namespace, root: Path) -
         replays.append((engine.write_replay(run, out / f"slice{i}"), run))
         print(f"[{setting} in-process] slice {i} ({label}) at {load * capacity:.2f} req/s: "
               f"{int(run.preemptions.sum())} preemptions, most waiting {run.max_waiting}", file=sys.stderr)
-    profile_path = out / "calibrated.yaml"
-    leadscale(["calibrate", "--replay", str(replays[0][0]), "--out", str(profile_path), "--max-num-seqs", str(seqs),
-               "--max-num-batched-tokens", str(budget)])
-    profile = get_profile(str(profile_path))
-    # the same profile with the step time fitted on the calibration slice's timed steps instead
-    from dataclasses import replace
+    profiles = {}
+    for method in ("outcomes", "steps"):  # the outcome fit any replay allows, and the fit on the timed steps
+        profiles[method] = out / f"calibrated-{method}.yaml"
+        leadscale(["calibrate", "--replay", str(replays[0][0]), "--out", str(profiles[method]), "--max-num-seqs",
+                   str(seqs), "--max-num-batched-tokens", str(budget), "--step-time", method])
+    profile = get_profile(str(profiles["outcomes"]))
+    stepped = get_profile(str(profiles["steps"]))
+    from simulator.step_log import fit_step_time
 
-    from fidelity_engine import fit_step_time
-
-    step_model, residuals = fit_step_time(replays[0][1].steps)
-    stepped = replace(profile, step_time=step_model, name="step-fit")
-    print(f"[{setting} in-process] step fit {step_model.to_dict()}: residuals {residuals}", file=sys.stderr)
+    step_model, residuals = fit_step_time(replays[0][1].steps)  # (the same fit calibrate made, for the table)
+    print(f"[{setting} in-process] step fit {step_model.to_dict()}: residuals {residuals.describe()}", file=sys.stderr)
     tables = []
     for name, prof in ((setting, profile), (f"{setting}, step fit", stepped)):
         table: dict[str, Any] = {"setting": name, "engine": "in-process", "capacity_rps": capacity, "loads": {}}
@@ -218,7 +217,8 @@ def run_setting_in_process(setting: str, args: argparse.Namespace, root: Path) -
             real = {k: (v, None) for k, v in run.metrics().items()}  # the engine's own: no second reading
             table["loads"][label] = load_row(load, real, simulated_values(prof, replay))
         tables.append(table)
-    tables[0]["step_fit"] = {"coefficients": step_model.to_dict(), "residuals": residuals, "table": tables[1]}
+    tables[0]["step_fit"] = {"coefficients": step_model.to_dict(), "residuals": residuals.to_dict(),
+                             "table": tables[1]}
     return tables[0]
 
 

@@ -187,10 +187,12 @@ class InProcessEngine:
     def write_replay(self, run: EngineRun, out: Path) -> Path:
         """The run as a replay directory (``records``, its ``summary``, the engine means and the token gaps)."""
         from simulator.replay_records import write_records
+        from simulator.step_log import STEPS_FILE, write_steps
 
         out.mkdir(parents=True, exist_ok=True)
         write_records(out / "requests.csv", run.records())
         np.save(out / "token_gaps.npy", np.asarray(run.token_gaps, dtype=float))  # the per-token ITLs, kept
+        write_steps(out / STEPS_FILE, run.steps)  # every step's batch and time: calibration fits on them
         (out / "summary.json").write_text(json.dumps(run.summary(), indent=1))
         # the engine histograms' sums and counts (what calibration's objective reads as server_* means), exact
         ok = np.isfinite(run.last)
@@ -210,28 +212,3 @@ class InProcessEngine:
             "model": str(self.model_dir), "max_model_len": self.max_model_len, "endpoint": "in-process",
             "cache_config": {"in-process": self.cache_config()}}, indent=1))
         return out
-
-
-def fit_step_time(steps: np.ndarray) -> tuple[Any, dict[str, float]]:
-    """The step-time model fitted on timed steps by bounded linear least squares (``scipy.optimize.lsq_linear``,
-    every coefficient >= 0): ``t = overhead + per_token N + per_seq S + per_context_token C + prefill_attention A``
-    (``scaler.step_time.LinearStepTime`` with no floor). Returns it and the residuals: relative error of each
-    step's time, median and p95 of its size, and the fitted steps' count."""
-    from scipy.optimize import lsq_linear
-
-    from scaler.step_time import LinearStepTime
-
-    if steps.shape[0] < 10:
-        raise ValueError(f"fit_step_time: {steps.shape[0]} timed steps; need at least 10")
-    design = np.column_stack([np.ones(steps.shape[0]), steps[:, :4]])
-    seconds = steps[:, 4]
-    scale = design.max(axis=0)
-    scale[scale == 0] = 1.0
-    fit = lsq_linear(design / scale, seconds, bounds=(0.0, np.inf))
-    coef = fit.x / scale
-    relative = (design @ coef - seconds) / seconds
-    model = LinearStepTime(overhead_s=float(coef[0]), floor_s=0.0, intercept_s=0.0, per_token_s=float(coef[1]),
-                           per_seq_s=float(coef[2]), per_context_token_s=float(coef[3]),
-                           prefill_attention_s=float(coef[4]))
-    return model, {"steps": float(steps.shape[0]), "abs_rel_p50": float(np.percentile(np.abs(relative), 50)),
-                   "abs_rel_p95": float(np.percentile(np.abs(relative), 95)), "mean_rel": float(relative.mean())}

@@ -7,13 +7,16 @@ What is fitted, and from what:
   largest step-size bucket of ``vllm:iteration_tokens_total`` that saw a step: an upper bound only (a
   frontend that lags merges iterations into one record; we saw 2048-token "steps" under a 512
   budget), so pass the flag too.
-- Step time (``LinearStepTime``): ``overhead_s``, ``per_token_s``, ``per_seq_s`` and
-  ``per_context_token_s``, by simulating the replayed requests (their actual send times and the
+- Step time (``LinearStepTime``), from the replay's timed engine steps when it has them (``steps.csv``,
+  written by an in-process run: ``simulator.step_log``; every coefficient but the floor and intercept,
+  by bounded least squares on each step's batch), else ``overhead_s``, ``per_token_s``, ``per_seq_s`` and
+  ``per_context_token_s`` by simulating the replayed requests (their actual send times and the
   server's token counts) and minimising the squared log-ratio of simulated to measured engine-side
   means (TTFT, E2E, queue and inter-token latency: exact sums/counts of vLLM's own histograms) and
   throughput (Nelder-Mead in log space, from a start read off those histograms). Engine-side, because
   that is what the simulator models; client percentiles are compared in the table, not fitted.
-  ``floor_s``, ``intercept_s`` and ``prefill_attention_s`` stay 0: one replay rarely separates them.
+  ``floor_s``, ``intercept_s`` and ``prefill_attention_s`` stay 0: one replay's outcomes rarely separate
+  them. ``--step-time`` chooses (``auto``: the steps where there are at least ``step_log.MIN_STEPS``).
 
 NOTE: the simulator models the engine, not the HTTP frontend. What the client sees beyond the engine
 (request parsing, tokenisation, streaming) is reported as ``frontend_overhead_s`` (client minus
@@ -35,12 +38,14 @@ from scaler.profiles import PerformanceProfile
 from scaler.step_time import LinearStepTime
 from simulator.replay_metrics import histogram_delta, histogram_quantile, load_timeline, metric_sum, server_means
 from simulator.replay_records import RequestRecord, read_records
+from simulator.step_log import MIN_STEPS, STEPS_FILE, fit_step_time, read_steps
 from simulator.workload import Workload
 
 FIT_PARAMS = ("overhead_s", "per_token_s", "per_seq_s", "per_context_token_s")
 # (simulator summary key, measured key): engine means come from vLLM's histograms, the rest from the client
 OBJECTIVE = (("ttft_mean", "server_ttft_mean"), ("e2e_mean", "server_e2e_mean"), ("queue_mean", "server_queue_mean"),
              ("itl_mean", "server_itl_mean"), ("throughput_tokens_per_s", "throughput_tokens_per_s"))
+STEP_TIME_METHODS = ("auto", "steps", "outcomes")
 TABLE = (("ttft_p50", "ttft_p50"), ("ttft_p90", "ttft_p90"), ("ttft_p99", "ttft_p99"), ("itl_p50", "itl_p50"),
          ("itl_p90", "itl_p90"), ("e2e_p50", "e2e_p50"), ("e2e_p90", "e2e_p90"),
          ("throughput_tokens_per_s", "throughput_tokens_per_s"), *OBJECTIVE[:4])
@@ -60,6 +65,8 @@ class Measured:
     max_step_tokens: int | None
     model: str
     max_model_len: int
+    steps: np.ndarray | None = None
+    """The timed engine steps (``step_log.COLUMNS``) when the replay has ``steps.csv``."""
 
 
 def _engine_arrival(rec: RequestRecord) -> float:
@@ -103,7 +110,8 @@ def load_replay(path: str | Path) -> Measured:
     return Measured(path=path, workload=workload, summary=summary, engine=engine, cache=caches[0] if caches else {},
                     max_running=int(max(running or [1])), saw_waiting=bool(busy),
                     max_step_tokens=int(finite[0]) if finite.size else None, model=str(info.get("model", "")),
-                    max_model_len=int(info.get("max_model_len") or 4096))
+                    max_model_len=int(info.get("max_model_len") or 4096),
+                    steps=read_steps(path / STEPS_FILE) if (path / STEPS_FILE).is_file() else None)
 
 
 def memory_from_cache(cache: dict[str, str], replicas_kv_tokens_floor: int) -> MemoryLedger:
@@ -142,7 +150,8 @@ def initial_step_time(m: Measured, seqs: int) -> LinearStepTime:
 
 
 def build_profile(m: Measured, step: LinearStepTime, seqs: int, budget: int, note: str,
-                  name: str = "calibrated") -> PerformanceProfile:
+                  name: str = "calibrated", how: str = "fitted by simulation (simulator/calibrate.py)"
+                  ) -> PerformanceProfile:
     memory = memory_from_cache(m.cache, m.max_model_len)
     front = None
     server_ttft = m.engine.get("server_ttft_mean")
@@ -150,7 +159,7 @@ def build_profile(m: Measured, step: LinearStepTime, seqs: int, budget: int, not
         front = float(np.mean([m.summary["ttft_p50"]])) - float(server_ttft)
     source = (f"calibrated by `leadscale calibrate` on replay {m.path} ({len(m.workload)} requests). {note}. "
               f"KV: vllm:cache_config_info (num_gpu_blocks {memory.num_gpu_blocks}, block {memory.block_size}). "
-              f"Step time fitted by simulation (simulator/calibrate.py)."
+              f"Step time {how}."
               + (f" Client TTFT p50 minus engine mean TTFT (frontend, not modelled): {front:.3f} s." if front else ""))
     return PerformanceProfile(name=name, gpu="measured", model=m.model, step_time=step, memory=memory,
                               max_num_seqs=seqs, max_num_batched_tokens=budget,
@@ -203,12 +212,31 @@ def _loss(sim: dict[str, Any], m: Measured) -> float:
     return total
 
 
+def step_time_method(m: Measured, method: str) -> str:
+    """``steps`` or ``outcomes``: what ``fit`` fits the step time on, given ``--step-time`` (``method``)."""
+    if method not in STEP_TIME_METHODS:
+        raise ValueError(f"step_time={method!r}: expected one of {', '.join(STEP_TIME_METHODS)}")
+    have = 0 if m.steps is None else int(m.steps.shape[0])
+    if method == "steps" and have < MIN_STEPS:
+        raise ValueError(f"step_time='steps': replay {m.path} has {have} timed steps in {STEPS_FILE} (need at least "
+                         f"{MIN_STEPS}; only an in-process engine run writes them); use 'outcomes' or 'auto'")
+    if method == "auto":
+        return "steps" if have >= MIN_STEPS else "outcomes"
+    return method
+
+
 def fit(m: Measured, max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
-        max_evals: int = 120) -> PerformanceProfile:
-    """The calibrated profile (Nelder-Mead over the step-time coefficients, in log space)."""
+        max_evals: int = 120, step_time: str = "auto") -> PerformanceProfile:
+    """The calibrated profile: the step time fitted on the replay's timed steps (``step_time_method``), else
+    by Nelder-Mead over its coefficients (log space) on the simulated replay's outcomes."""
     from scipy.optimize import minimize
 
     seqs, budget, note = scheduler_limits(m, max_num_seqs, max_num_batched_tokens)
+    if step_time_method(m, step_time) == "steps":
+        assert m.steps is not None
+        model, residuals = fit_step_time(m.steps)
+        return build_profile(m, model, seqs, budget, note, how=f"fitted on the replay's {residuals.describe()} "
+                                                              "(simulator/step_log.py)")
     start = initial_step_time(m, seqs)
     base = start.to_dict()
 

@@ -113,7 +113,8 @@ def run_calibrate(args: argparse.Namespace) -> int:
         if args.check:
             profile = get_profile(args.check)
         else:
-            profile = calibrate.fit(measured, args.max_num_seqs, args.max_num_batched_tokens, args.max_evals)
+            profile = calibrate.fit(measured, args.max_num_seqs, args.max_num_batched_tokens, args.max_evals,
+                                    step_time=args.step_time)
     except (ValueError, KeyError, OSError) as exc:
         print(f"leadscale calibrate: {exc}", file=sys.stderr)
         return 2
@@ -124,6 +125,8 @@ def run_calibrate(args: argparse.Namespace) -> int:
     rows = calibrate.fidelity(measured, calibrate.simulate_replay(profile, measured))
     print(f"{'checked' if args.check else 'calibrated'} on {args.replay} ({len(measured.workload)} requests); "
           f"profile {profile.name}: {profile.step_time.to_dict()}")
+    if not args.check:
+        print(profile.source)
     print(calibrate.format_table(rows))
     if args.json:
         print(json.dumps([dict(zip(("metric", "measured", "simulated", "rel_error"), r, strict=True)) for r in rows]))
@@ -194,6 +197,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     cal.add_argument("--max-num-batched-tokens", type=count, default=None,
                      help="the server's --max-num-batched-tokens (default: inferred upper bound)")
     cal.add_argument("--max-evals", type=count, default=120, help="simulations the fit may run (default 120)")
+    cal.add_argument("--step-time", choices=("auto", "steps", "outcomes"), default="auto",
+                     help="fit the step time on the replay's timed engine steps (steps.csv, written by an "
+                          "in-process run) or on its simulated outcomes; auto: the steps when there are any "
+                          "(default auto)")
     cal.add_argument("--json", action="store_true", help="also print the table as JSON")
     cal.set_defaults(func=run_calibrate)
 

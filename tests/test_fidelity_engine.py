@@ -57,19 +57,20 @@ def test_the_run_reads_back_as_a_replay_calibration_accepts(tmp_path: Path) -> N
     assert measured.engine["server_queue_mean"] == pytest.approx(0.1)
     assert measured.engine["server_ttft_mean"] == pytest.approx(0.2)
     assert measured.engine["server_itl_mean"] == pytest.approx(0.1)
+    assert measured.steps is not None and measured.steps.shape == (0, 5)  # this run timed no steps
 
 
-def test_the_step_fit_recovers_a_known_step_time_and_reports_its_residuals() -> None:
+def test_the_run_s_timed_steps_travel_to_calibration(tmp_path: Path) -> None:
     fe = _module()
-    rng = np.random.default_rng(3)
-    n = 400
-    tokens, seqs = rng.integers(1, 512, n).astype(float), rng.integers(1, 9, n).astype(float)
-    context, attention = rng.uniform(0, 8000, n), rng.uniform(0, 60000, n) * (rng.random(n) < 0.3)
-    seconds = 1e-3 + 2e-5 * tokens + 3e-4 * seqs + 1e-8 * context + 2e-9 * attention
-    noisy = seconds * (1 + rng.normal(0, 0.02, n))
-    model, residuals = fe.fit_step_time(np.column_stack([tokens, seqs, context, attention, noisy]))
-    assert model.overhead_s == pytest.approx(1e-3, rel=0.1) and model.per_token_s == pytest.approx(2e-5, rel=0.1)
-    assert model.per_seq_s == pytest.approx(3e-4, rel=0.1)
-    assert residuals["steps"] == n and 0.005 < residuals["abs_rel_p50"] < 0.03 < residuals["abs_rel_p95"] < 0.06
-    with pytest.raises(ValueError, match="need at least 10"):
-        fe.fit_step_time(np.zeros((3, 5)))
+    from simulator.calibrate import load_replay, step_time_method
+
+    engine = fe.InProcessEngine.__new__(fe.InProcessEngine)
+    engine.model_dir, engine.max_model_len = tmp_path / "model", 2048
+    engine.cache_config = lambda: {"block_size": "16", "num_gpu_blocks": "4096"}
+    run = _run(fe, [0.0, 0.5, 1.0, 1.5, 2.0, 2.5], [0.0, 0.5, 1.0, 1.6, 2.2, 2.8])
+    rng = np.random.default_rng(0)
+    run.steps = np.column_stack([rng.integers(1, 512, 30), rng.integers(1, 9, 30), rng.uniform(0, 4000, 30),
+                                 rng.uniform(0, 9e4, 30), rng.uniform(1e-3, 2e-2, 30)]).astype(float)
+    measured = load_replay(engine.write_replay(run, tmp_path / "slice0"))
+    assert np.array_equal(measured.steps, run.steps)  # exactly: repr() round-trips a float
+    assert step_time_method(measured, "auto") == "steps"

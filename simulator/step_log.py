@@ -1,0 +1,125 @@
+"""A replay's timed engine steps (``steps.csv``) and the step-time fit on them.
+
+vLLM's server exports no per-step timing, so only an engine run in process can time its steps against
+their batches (``benchmarks/fidelity_engine.py`` does, from vLLM's own ``SchedulerOutput``). Where a
+replay has them, calibration fits the step time on every step's batch instead of on the replay's
+outcomes: a slice that runs at nearly constant concurrency cannot tell a step's fixed cost from its
+per-sequence cost by its outcomes (docs/real-vllm.md measured the outcome fit off by 27 % on ITL one way
+and 77 % the other on two runs), while thousands of steps of different sizes can.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from scaler.step_time import LinearStepTime
+
+COLUMNS = ("tokens", "seqs", "decode_context", "prefill_attention", "seconds")
+"""One row per engine step, in ``scaler.step_time``'s terms: tokens ``N``, sequences ``S``, decode
+context ``C``, prefill attention ``A``, and the step's wall time in seconds."""
+MIN_STEPS = 10
+STEPS_FILE = "steps.csv"
+
+
+class StepLogError(ValueError):
+    """A ``steps.csv`` that cannot be read: names the file, line, column, value and what is allowed."""
+
+
+@dataclass(frozen=True)
+class StepFitResiduals:
+    """How well the fitted model times the steps it was fitted on: ``|predicted / measured - 1|``."""
+
+    steps: int
+    abs_rel_p50: float
+    abs_rel_p95: float
+    mean_rel: float
+
+    def to_dict(self) -> dict[str, float]:
+        return {k: float(v) for k, v in asdict(self).items()}
+
+    def describe(self) -> str:
+        return (f"{self.steps} timed steps, |relative residual| p50 {self.abs_rel_p50:.1%}, "
+                f"p95 {self.abs_rel_p95:.1%}, mean residual {self.mean_rel:+.1%}")
+
+
+def write_steps(path: str | Path, steps: np.ndarray) -> Path:
+    """Write ``steps`` (one row per step, ``COLUMNS`` in order) as CSV with a header."""
+    steps = np.asarray(steps, dtype=float).reshape(-1, len(COLUMNS))
+    path = Path(path)
+    with path.open("w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(COLUMNS)
+        writer.writerows([repr(float(v)) for v in row] for row in steps)
+    return path
+
+
+def _cell(path: Path, line: int, column: str, raw: str) -> float:
+    """One value: a finite number >= 0; ``seqs`` at least 1 and ``seconds`` above 0 (a step ran and took time)."""
+    allowed = {"seqs": "a number >= 1 (a step schedules at least one sequence)",
+               "seconds": "a finite number > 0 (a step takes time)"}.get(column, "a finite number >= 0")
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    low_ok = value >= 1 if column == "seqs" else value > 0 if column == "seconds" else value >= 0
+    if not (math.isfinite(value) and low_ok):
+        raise StepLogError(f"{path}: line {line}, column {column!r}: {raw[:40]!r} is not {allowed}")
+    return value
+
+
+def read_steps(path: str | Path) -> np.ndarray:
+    """The timed steps of ``path``, an ``(n, 5)`` array in ``COLUMNS`` order; every bad cell is an error."""
+    path = Path(path)
+    with path.open(newline="") as fh:
+        reader = csv.reader(fh)
+        header = next(reader, None)
+        if header is None or tuple(h.strip() for h in header) != COLUMNS:
+            raise StepLogError(f"{path}: line 1: header {header!r}; expected {','.join(COLUMNS)}")
+        rows = []
+        for row in reader:
+            line = reader.line_num
+            if not row:
+                continue
+            if len(row) != len(COLUMNS):
+                raise StepLogError(f"{path}: line {line}: {len(row)} fields; expected {len(COLUMNS)} "
+                                   f"({','.join(COLUMNS)})")
+            rows.append([_cell(path, line, column, raw.strip()) for column, raw in zip(COLUMNS, row, strict=True)])
+    return np.array(rows, dtype=float).reshape(-1, len(COLUMNS))
+
+
+def fit_step_time(steps: np.ndarray) -> tuple[LinearStepTime, StepFitResiduals]:
+    """``t = overhead + per_token N + per_seq S + per_context_token C + prefill_attention A`` fitted on the timed
+    steps by bounded linear least squares (``scipy.optimize.lsq_linear``, every coefficient >= 0; columns
+    scaled to their largest value so that no coefficient's units dominate the solve). ``floor_s`` and
+    ``intercept_s`` stay 0: on a CPU there is no memory-bound floor to find. Absolute, not relative, error:
+    the long steps are the ones that set the latencies, and the short ones' relative noise is the largest."""
+    from scipy.optimize import lsq_linear
+
+    steps = np.asarray(steps, dtype=float)
+    if steps.ndim != 2 or steps.shape[1] != len(COLUMNS):
+        raise ValueError(f"fit_step_time: steps of shape {steps.shape}; expected (n, {len(COLUMNS)}): {COLUMNS}")
+    if steps.shape[0] < MIN_STEPS:
+        raise ValueError(f"fit_step_time: {steps.shape[0]} timed steps; need at least {MIN_STEPS}")
+    if not (np.all(np.isfinite(steps)) and np.all(steps[:, :4] >= 0) and np.all(steps[:, 4] > 0)):
+        raise ValueError("fit_step_time: every value must be finite, the batch columns >= 0 and seconds > 0")
+    design = np.column_stack([np.ones(steps.shape[0]), steps[:, :4]])
+    seconds = steps[:, 4]
+    scale = design.max(axis=0)
+    scale[scale == 0] = 1.0
+    coef = lsq_linear(design / scale, seconds, bounds=(0.0, np.inf)).x / scale
+    if coef[0] <= 0:  # a step takes time even when empty; lsq_linear may put it all on the slopes
+        coef[0] = float(np.min(seconds)) * 1e-3
+    relative = (design @ coef - seconds) / seconds
+    model = LinearStepTime(overhead_s=float(coef[0]), floor_s=0.0, intercept_s=0.0, per_token_s=float(coef[1]),
+                           per_seq_s=float(coef[2]), per_context_token_s=float(coef[3]),
+                           prefill_attention_s=float(coef[4]))
+    residuals = StepFitResiduals(steps=int(steps.shape[0]),
+                                 abs_rel_p50=float(np.percentile(np.abs(relative), 50)),
+                                 abs_rel_p95=float(np.percentile(np.abs(relative), 95)),
+                                 mean_rel=float(relative.mean()))
+    return model, residuals
