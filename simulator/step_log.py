@@ -35,6 +35,8 @@ class StepFitResiduals:
     """How well the fitted model times the steps it was fitted on: ``|predicted / measured - 1|``."""
 
     steps: int
+    knee_tokens: float
+    """Tokens below which a step's linear layers cost the same (0: none found)."""
     abs_rel_p50: float
     abs_rel_p95: float
     mean_rel: float
@@ -43,7 +45,7 @@ class StepFitResiduals:
         return {k: float(v) for k, v in asdict(self).items()}
 
     def describe(self) -> str:
-        return (f"{self.steps} timed steps, |relative residual| p50 {self.abs_rel_p50:.1%}, "
+        return (f"{self.steps} timed steps (knee at {self.knee_tokens:.0f} tokens), |relative residual| p50 {self.abs_rel_p50:.1%}, "
                 f"p95 {self.abs_rel_p95:.1%}, mean residual {self.mean_rel:+.1%}")
 
 
@@ -92,14 +94,34 @@ def read_steps(path: str | Path) -> np.ndarray:
     return np.array(rows, dtype=float).reshape(-1, len(COLUMNS))
 
 
-def fit_step_time(steps: np.ndarray) -> tuple[LinearStepTime, StepFitResiduals]:
-    """``t = overhead + per_token N + per_seq S + per_context_token C + prefill_attention A`` fitted on the timed
-    steps by bounded linear least squares (``scipy.optimize.lsq_linear``, every coefficient >= 0; columns
-    scaled to their largest value so that no coefficient's units dominate the solve). ``floor_s`` and
-    ``intercept_s`` stay 0: on a CPU there is no memory-bound floor to find. Absolute, not relative, error:
-    the long steps are the ones that set the latencies, and the short ones' relative noise is the largest."""
+KNEE_CANDIDATES = 24
+"""Batch sizes tried as the knee: the quantiles of the steps' token counts (and 0, no knee)."""
+
+
+def _solve(design: np.ndarray, seconds: np.ndarray) -> tuple[np.ndarray, float]:
+    """Bounded (>= 0) linear least squares, columns scaled to their largest value so that no coefficient's
+    units dominate the solve; returns the coefficients and the sum of squared residuals."""
     from scipy.optimize import lsq_linear
 
+    scale = design.max(axis=0)
+    scale[scale == 0] = 1.0
+    coef = lsq_linear(design / scale, seconds, bounds=(0.0, np.inf)).x / scale
+    return coef, float(np.sum((design @ coef - seconds) ** 2))
+
+
+def fit_step_time(steps: np.ndarray) -> tuple[LinearStepTime, StepFitResiduals]:
+    """``scaler.step_time``'s model fitted on timed steps::
+
+        t = overhead + per_token * max(knee, N) + per_seq * S + per_context_token * C + prefill_attention * A
+
+    i.e. ``floor = per_token * knee`` and ``intercept = 0``: below ``knee`` tokens a step's linear layers
+    cost the same (reading the weights bounds them, not the arithmetic), above it each token adds
+    ``per_token``. For each candidate knee (0, no floor, and the quantiles of ``N``) the coefficients come
+    from bounded linear least squares (``scipy.optimize.lsq_linear``, each >= 0); the knee with the least
+    squared error wins. A straight line through thousands of small decode steps and a few hundred large
+    prefill chunks otherwise takes its slope from the small ones and times a lone prefill short. Absolute,
+    not relative, error: the long steps are the ones that set the latencies, and the short ones' relative
+    noise is the largest."""
     steps = np.asarray(steps, dtype=float)
     if steps.ndim != 2 or steps.shape[1] != len(COLUMNS):
         raise ValueError(f"fit_step_time: steps of shape {steps.shape}; expected (n, {len(COLUMNS)}): {COLUMNS}")
@@ -107,18 +129,24 @@ def fit_step_time(steps: np.ndarray) -> tuple[LinearStepTime, StepFitResiduals]:
         raise ValueError(f"fit_step_time: {steps.shape[0]} timed steps; need at least {MIN_STEPS}")
     if not (np.all(np.isfinite(steps)) and np.all(steps[:, :4] >= 0) and np.all(steps[:, 4] > 0)):
         raise ValueError("fit_step_time: every value must be finite, the batch columns >= 0 and seconds > 0")
-    design = np.column_stack([np.ones(steps.shape[0]), steps[:, :4]])
-    seconds = steps[:, 4]
-    scale = design.max(axis=0)
-    scale[scale == 0] = 1.0
-    coef = lsq_linear(design / scale, seconds, bounds=(0.0, np.inf)).x / scale
-    if coef[0] <= 0:  # a step takes time even when empty; lsq_linear may put it all on the slopes
+    tokens, seconds = steps[:, 0], steps[:, 4]
+    knees = np.unique(np.concatenate([[0.0], np.quantile(tokens, np.linspace(0.0, 0.95, KNEE_CANDIDATES))]))
+    best: tuple[float, float, np.ndarray] | None = None
+    for knee in knees:
+        design = np.column_stack([np.ones(tokens.size), np.maximum(tokens, knee), steps[:, 1:4]])
+        coef, sse = _solve(design, seconds)
+        if best is None or sse < best[0] * (1 - 1e-9):  # ties keep the smaller knee
+            best = (sse, float(knee), coef)
+    assert best is not None
+    _, knee, coef = best
+    if coef[0] <= 0 and coef[1] * knee <= 0:  # a step takes time even when empty
         coef[0] = float(np.min(seconds)) * 1e-3
-    relative = (design @ coef - seconds) / seconds
-    model = LinearStepTime(overhead_s=float(coef[0]), floor_s=0.0, intercept_s=0.0, per_token_s=float(coef[1]),
-                           per_seq_s=float(coef[2]), per_context_token_s=float(coef[3]),
+    model = LinearStepTime(overhead_s=float(coef[0]), floor_s=float(coef[1] * knee), intercept_s=0.0,
+                           per_token_s=float(coef[1]), per_seq_s=float(coef[2]), per_context_token_s=float(coef[3]),
                            prefill_attention_s=float(coef[4]))
-    residuals = StepFitResiduals(steps=int(steps.shape[0]),
+    predicted = np.array([model.step_time(*row[:4]) for row in steps])
+    relative = (predicted - seconds) / seconds
+    residuals = StepFitResiduals(steps=int(steps.shape[0]), knee_tokens=knee,
                                  abs_rel_p50=float(np.percentile(np.abs(relative), 50)),
                                  abs_rel_p95=float(np.percentile(np.abs(relative), 95)),
                                  mean_rel=float(relative.mean()))

@@ -32,9 +32,26 @@ def test_the_fit_recovers_a_known_step_time_and_reports_its_residuals() -> None:
     model, residuals = fit_step_time(_steps(400, seed=3))
     for name in ("overhead_s", "per_token_s", "per_seq_s"):
         assert getattr(model, name) == pytest.approx(TRUE[name], rel=0.1), name
-    assert model.floor_s == 0 and model.intercept_s == 0
+    assert model.intercept_s == 0
     assert residuals.steps == 400 and 0.005 < residuals.abs_rel_p50 < 0.03 < residuals.abs_rel_p95 < 0.06
     assert "400 timed steps" in residuals.describe()
+
+
+def test_the_fit_finds_the_batch_size_below_which_a_step_costs_the_same() -> None:
+    """Small decode steps cost the weights' read, large prefill chunks their tokens: a straight line fitted
+    through both would time the large ones short."""
+    steps = _steps(600, seed=5, noise=0.01)
+    tokens = steps[:, 0]
+    steps[:, 4] += TRUE["per_token_s"] * (np.maximum(tokens, 160) - tokens)  # flat below 160 tokens
+    model, residuals = fit_step_time(steps)
+    assert residuals.knee_tokens == pytest.approx(160, abs=25)
+    assert model.per_token_s == pytest.approx(TRUE["per_token_s"], rel=0.1)
+    assert model.floor_s == pytest.approx(TRUE["per_token_s"] * 160, rel=0.15) and model.intercept_s == 0
+    assert residuals.abs_rel_p95 < 0.03
+    big = steps[tokens > 400]
+    assert np.median([model.step_time(*row[:4]) / row[4] for row in big]) == pytest.approx(1.0, abs=0.01)
+    linear, _ = fit_step_time(_steps(400, seed=3))  # and where there is no knee, none is invented
+    assert linear.floor_s < 0.1 * TRUE["overhead_s"]
 
 
 def test_the_fit_refuses_too_few_or_impossible_steps() -> None:
