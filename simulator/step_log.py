@@ -45,8 +45,8 @@ class StepFitResiduals:
         return {k: float(v) for k, v in asdict(self).items()}
 
     def describe(self) -> str:
-        return (f"{self.steps} timed steps (knee at {self.knee_tokens:.0f} tokens), |relative residual| p50 {self.abs_rel_p50:.1%}, "
-                f"p95 {self.abs_rel_p95:.1%}, mean residual {self.mean_rel:+.1%}")
+        return (f"{self.steps} timed steps (knee at {self.knee_tokens:.0f} tokens), |relative residual| p50 "
+                f"{self.abs_rel_p50:.1%}, p95 {self.abs_rel_p95:.1%}, mean residual {self.mean_rel:+.1%}")
 
 
 def write_steps(path: str | Path, steps: np.ndarray) -> Path:
