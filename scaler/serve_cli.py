@@ -13,7 +13,8 @@ from collections.abc import Callable
 from typing import Any
 
 from scaler import evaluation
-from scaler.cli_types import boolean, choice, integer, port, seconds
+from scaler.cli_types import boolean, choice, integer, number, port, seconds
+from scaler.limits import Limit
 
 ENV_PREFIX = "LEADSCALE_"
 
@@ -49,6 +50,9 @@ FLAGS: tuple[tuple[str, Callable[[str], Any], Any, str], ...] = (
     ("--tls-cert", str, None, "server certificate (PEM); enables TLS"),
     ("--tls-key", str, None, "server private key (PEM)"),
     ("--tls-client-ca", str, None, "CA bundle (PEM) that client certificates must chain to; enables mTLS"),
+    ("--gil-switch-ms", number(Limit(0.05, 100.0), "milliseconds"), 0.5,
+     "longest an RPC thread waits for the interpreter while the evaluator computes (Python's switch interval; "
+     "Python's own default is 5)"),
     ("--log-level", choice("DEBUG", "INFO", "WARNING", "ERROR"), "INFO", "Python logging level"),
     ("--log-format", choice("text", "json"), "text",
      "text: 'time level logger message' lines (decision messages are JSON); json: one JSON object per line"),

@@ -306,3 +306,28 @@ def test_json_log_lines_carry_the_decision_fields(caplog: pytest.LogCaptureFixtu
     assert (line["logger"], line["desired_replicas"], line["terms"]) == ("leadscale.decisions", 3,
                                                                          {"demand_replicas": 2.2})
     assert set(line) >= {"time", "level", "event", "namespace", "name", "active", "reason", "data_age_s"}
+
+
+def test_serve_shortens_the_interpreter_s_switch_interval_as_told(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An RPC thread waiting for the interpreter while the evaluator computes waits at most the switch interval."""
+    import argparse
+    import socket
+
+    from scaler import serve_cli, service
+
+    applied: list[float] = []
+    monkeypatch.setattr(service.sys, "setswitchinterval", applied.append)
+    monkeypatch.setattr(service.logging, "basicConfig", lambda **_: None)  # leave pytest's log capture alone
+    with socket.socket() as taken:  # the gRPC port is taken: serve stops right after applying it
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        for given, want in ((None, 0.0005), ("2", 0.002)):
+            argv = ["--host", "127.0.0.1", "--port", str(port), "--prometheus-url", "http://127.0.0.1:9"]
+            parser = argparse.ArgumentParser()
+            serve_cli.register(parser.add_subparsers())
+            args = parser.parse_args(["serve", *argv, *(["--gil-switch-ms", given] if given else [])])
+            assert service.serve_forever(serve_cli.resolve(args)) == 1
+            assert applied[-1] == pytest.approx(want)
+    assert "'0'" in subprocess.run([sys.executable, "-m", "leadscale", "serve", "--gil-switch-ms", "0"], cwd=ROOT,
+                                   capture_output=True, text=True, timeout=30).stderr
