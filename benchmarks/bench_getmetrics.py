@@ -52,14 +52,18 @@ META = {"prefillTokensPerSecond": "8000", "decodeTokensPerSecond": "2000", "maxN
 
 COLD_STARTS_S = tuple(float(120 + 7 * k) for k in range(20))
 """Measured cold starts as ``leadTime: auto`` hands them over (the lead-time bands weigh their lags by
-them), with the lead time the source measures from them (``scaler.lead_time.rolling_lead_time``)."""
+them); the lead time the source measures from them is ``FakeSource.lead_time_s``."""
 
 
 class FakeSource:
     """Every model gets a steady, model-dependent load; answers in microseconds."""
 
-    def fetch(self, targets: Sequence[Any], now: float) -> dict[Any, Any]:
+    def __init__(self) -> None:
         from scaler.lead_time import rolling_lead_time
+
+        self.lead_time_s = rolling_lead_time(COLD_STARTS_S)  # once: the starts never change
+
+    def fetch(self, targets: Sequence[Any], now: float) -> dict[Any, Any]:
         from scaler.signals import Signals
 
         out = {}
@@ -68,7 +72,7 @@ class FakeSource:
             out[t] = Signals(at=now, prompt_tokens_per_s=500.0 * index, generation_tokens_per_s=120.0 * index,
                              requests_waiting=float(index % 3), requests_running=float(index), ready_replicas=1,
                              data_age_s=2.0, kv_cache_usage=0.1 + 0.04 * (index % 20),
-                             lead_time_s=rolling_lead_time(COLD_STARTS_S), cold_starts_s=COLD_STARTS_S)
+                             lead_time_s=self.lead_time_s, cold_starts_s=COLD_STARTS_S)
         return out
 
 

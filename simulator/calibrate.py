@@ -8,8 +8,8 @@ What is fitted, and from what:
   frontend that lags merges iterations into one record; we saw 2048-token "steps" under a 512
   budget), so pass the flag too.
 - Step time (``LinearStepTime``), from the replay's timed engine steps when it has them (``steps.csv``,
-  written by an in-process run: ``simulator.step_log``; every coefficient but the floor and intercept,
-  by bounded least squares on each step's batch), else ``overhead_s``, ``per_token_s``, ``per_seq_s`` and
+  written by an in-process run: ``simulator.step_log``; every coefficient, the floor as a knee and the
+  intercept 0, by bounded least squares on each step's batch), else ``overhead_s``, ``per_token_s``, ``per_seq_s`` and
   ``per_context_token_s`` by simulating the replayed requests (their actual send times and the
   server's token counts) and minimising the squared log-ratio of simulated to measured engine-side
   means (TTFT, E2E, queue and inter-token latency: exact sums/counts of vLLM's own histograms) and
@@ -38,14 +38,13 @@ from scaler.profiles import PerformanceProfile
 from scaler.step_time import LinearStepTime
 from simulator.replay_metrics import histogram_delta, histogram_quantile, load_timeline, metric_sum, server_means
 from simulator.replay_records import RequestRecord, read_records
-from simulator.step_log import MIN_STEPS, STEPS_FILE, fit_step_time, read_steps
+from simulator.step_log import MIN_STEPS, STEP_TIME_METHODS, STEPS_FILE, fit_step_time, read_steps
 from simulator.workload import Workload
 
 FIT_PARAMS = ("overhead_s", "per_token_s", "per_seq_s", "per_context_token_s")
 # (simulator summary key, measured key): engine means come from vLLM's histograms, the rest from the client
 OBJECTIVE = (("ttft_mean", "server_ttft_mean"), ("e2e_mean", "server_e2e_mean"), ("queue_mean", "server_queue_mean"),
              ("itl_mean", "server_itl_mean"), ("throughput_tokens_per_s", "throughput_tokens_per_s"))
-STEP_TIME_METHODS = ("auto", "steps", "outcomes")
 TABLE = (("ttft_p50", "ttft_p50"), ("ttft_p90", "ttft_p90"), ("ttft_p99", "ttft_p99"), ("itl_p50", "itl_p50"),
          ("itl_p90", "itl_p90"), ("e2e_p50", "e2e_p50"), ("e2e_p90", "e2e_p90"),
          ("throughput_tokens_per_s", "throughput_tokens_per_s"), *OBJECTIVE[:4])

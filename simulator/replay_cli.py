@@ -20,6 +20,7 @@ from simulator.cli_options import (
     add_trace_arguments,
     load_trace_flags,
 )
+from simulator.step_log import MIN_STEPS, STEP_TIME_METHODS
 
 
 def _add_trace_arguments(parser: argparse.ArgumentParser) -> None:
@@ -197,10 +198,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     cal.add_argument("--max-num-batched-tokens", type=count, default=None,
                      help="the server's --max-num-batched-tokens (default: inferred upper bound)")
     cal.add_argument("--max-evals", type=count, default=120, help="simulations the fit may run (default 120)")
-    cal.add_argument("--step-time", choices=("auto", "steps", "outcomes"), default="auto",
+    cal.add_argument("--step-time", choices=STEP_TIME_METHODS, default="auto",
                      help="fit the step time on the replay's timed engine steps (steps.csv, written by an "
-                          "in-process run) or on its simulated outcomes; auto: the steps when there are any "
-                          "(default auto)")
+                          f"in-process run) or on its simulated outcomes; auto: the steps when there are at least "
+                          f"{MIN_STEPS} (default auto)")
     cal.add_argument("--json", action="store_true", help="also print the table as JSON")
     cal.set_defaults(func=run_calibrate)
 

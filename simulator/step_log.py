@@ -23,6 +23,9 @@ COLUMNS = ("tokens", "seqs", "decode_context", "prefill_attention", "seconds")
 """One row per engine step, in ``scaler.step_time``'s terms: tokens ``N``, sequences ``S``, decode
 context ``C``, prefill attention ``A``, and the step's wall time in seconds."""
 MIN_STEPS = 10
+STEP_TIME_METHODS = ("auto", "steps", "outcomes")
+"""``leadscale calibrate --step-time``: fit on the timed steps, on the replay's outcomes, or (auto) the steps
+where there are at least ``MIN_STEPS``."""
 STEPS_FILE = "steps.csv"
 
 
@@ -118,8 +121,8 @@ def fit_step_time(steps: np.ndarray) -> tuple[LinearStepTime, StepFitResiduals]:
     cost the same (reading the weights bounds them, not the arithmetic), above it each token adds
     ``per_token``. For each candidate knee (0, no floor, and the quantiles of ``N``) the coefficients come
     from bounded linear least squares (``scipy.optimize.lsq_linear``, each >= 0); the knee with the least
-    squared error wins. A straight line through thousands of small decode steps and a few hundred large
-    prefill chunks otherwise takes its slope from the small ones and times a lone prefill short. Absolute,
+    squared error wins, and where the steps show none (the CPU build measured in docs/real-vllm.md) it is 0,
+    the straight line. Absolute,
     not relative, error: the long steps are the ones that set the latencies, and the short ones' relative
     noise is the largest."""
     steps = np.asarray(steps, dtype=float)
@@ -131,21 +134,20 @@ def fit_step_time(steps: np.ndarray) -> tuple[LinearStepTime, StepFitResiduals]:
         raise ValueError("fit_step_time: every value must be finite, the batch columns >= 0 and seconds > 0")
     tokens, seconds = steps[:, 0], steps[:, 4]
     knees = np.unique(np.concatenate([[0.0], np.quantile(tokens, np.linspace(0.0, 0.95, KNEE_CANDIDATES))]))
-    best: tuple[float, float, np.ndarray] | None = None
+    best: tuple[float, float, np.ndarray, np.ndarray] | None = None
     for knee in knees:
         design = np.column_stack([np.ones(tokens.size), np.maximum(tokens, knee), steps[:, 1:4]])
         coef, sse = _solve(design, seconds)
         if best is None or sse < best[0] * (1 - 1e-9):  # ties keep the smaller knee
-            best = (sse, float(knee), coef)
+            best = (sse, float(knee), coef, design)
     assert best is not None
-    _, knee, coef = best
+    _, knee, coef, design = best
     if coef[0] <= 0 and coef[1] * knee <= 0:  # a step takes time even when empty
         coef[0] = float(np.min(seconds)) * 1e-3
     model = LinearStepTime(overhead_s=float(coef[0]), floor_s=float(coef[1] * knee), intercept_s=0.0,
                            per_token_s=float(coef[1]), per_seq_s=float(coef[2]), per_context_token_s=float(coef[3]),
                            prefill_attention_s=float(coef[4]))
-    predicted = np.array([model.step_time(*row[:4]) for row in steps])
-    relative = (predicted - seconds) / seconds
+    relative = (design @ coef - seconds) / seconds  # = model.step_time of each step: o + s max(knee, N) + ...
     residuals = StepFitResiduals(steps=int(steps.shape[0]), knee_tokens=knee,
                                  abs_rel_p50=float(np.percentile(np.abs(relative), 50)),
                                  abs_rel_p95=float(np.percentile(np.abs(relative), 95)),
