@@ -25,6 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from simulator.step_log import COLUMNS as STEP_COLUMNS
+
 FIRST_ID, VOCAB = 3, 512
 """Prompt token ids are drawn from [3, 512): the tiny model's vocabulary less its special tokens."""
 
@@ -43,7 +45,7 @@ class EngineRun:
     preemptions: np.ndarray
     token_gaps: list[float] = field(default_factory=list)
     wall_s: float = 0.0
-    steps: np.ndarray = field(default_factory=lambda: np.empty((0, 5)))
+    steps: np.ndarray = field(default_factory=lambda: np.empty((0, len(STEP_COLUMNS))))
     """One row per engine step: tokens N, sequences S, decode context C, prefill attention A, seconds."""
 
     @property
@@ -103,7 +105,7 @@ class InProcessEngine:
             model=str(model_dir), max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
             max_model_len=max_model_len, dtype="bfloat16", disable_log_stats=False, gpu_memory_utilization=0.3))
         self.served = 0
-        self._batch: tuple[float, float, float, float] | None = None
+        self._batch: tuple[float, float, float, float, float] | None = None
         scheduler = self.engine.engine_core.engine_core.scheduler  # the in-process core's own scheduler
         schedule = scheduler.schedule
 
@@ -111,6 +113,7 @@ class InProcessEngine:
             """What the step about to run holds, in the step-time model's terms (``scaler.step_time``)."""
             out = schedule(*args, **kwargs)
             context = attention = 0.0
+            prefills = 0
             for rid, k in out.num_scheduled_tokens.items():
                 req = scheduler.requests[rid]
                 before = req.num_computed_tokens - k  # (after schedule() it counts this step's tokens)
@@ -118,8 +121,9 @@ class InProcessEngine:
                     context += before
                 else:
                     attention += k * (before + k / 2.0)
+                    prefills += 1
             self._batch = (float(out.total_num_scheduled_tokens), float(len(out.num_scheduled_tokens)), context,
-                           attention)
+                           attention, float(prefills))
             return out
 
         scheduler.schedule = schedule_and_record
@@ -182,7 +186,7 @@ class InProcessEngine:
                          started=col("scheduled_ts"), first=col("first_token_ts"), last=col("last_token_ts"),
                          prompt=np.array([len(p) for p in prompts]), output=np.array([stats[i][1] for i in range(n)]),
                          preemptions=np.array([getattr(stats[i][0], "num_preemptions", 0) for i in range(n)]),
-                         token_gaps=gaps, wall_s=wall, steps=np.array(steps).reshape(-1, 5))
+                         token_gaps=gaps, wall_s=wall, steps=np.array(steps).reshape(-1, len(STEP_COLUMNS)))
 
     def write_replay(self, run: EngineRun, out: Path) -> Path:
         """The run as a replay directory (``records``, its ``summary``, the engine means and the token gaps)."""

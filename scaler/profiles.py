@@ -146,7 +146,7 @@ def _capacity(profile: PerformanceProfile, ttft_slo_s: float, tpot_slo_s: float,
         raise ValueError(f"context_tokens={context_tokens!r}: must be an integer >= 1")
     st = profile.step_time
     budget = profile.max_num_batched_tokens
-    s = st.step_time(budget, 1, 0.0, budget * budget / 2.0)
+    s = st.step_time(budget, 1, 0.0, budget * budget / 2.0, 1)
     rho = min(1.0, max(0.05, 2.0 * (ttft_slo_s - s) / (2.0 * ttft_slo_s - s))) if ttft_slo_s > s else 0.05
     kv_tokens = profile.memory.kv_cache_tokens
     d_max = max(1, min(profile.max_num_seqs, kv_tokens // context_tokens))
@@ -156,7 +156,7 @@ def _capacity(profile: PerformanceProfile, ttft_slo_s: float, tpot_slo_s: float,
     best = int(within[-1]) if within.size else 0
     # prefill: the linear part of a full-budget step sets the short-prompt rate; causal attention
     # (seconds = prefill_attention_s x n^2 / 2) adds n / 2K per token with K = linear seconds per token / a
-    linear = st.step_time(budget, 1, 0.0, 0.0)
+    linear = st.step_time(budget, 1, 0.0, 0.0, 1)
     attention = float(getattr(st, "prefill_attention_s", 0.0) or 0.0)
     # decode: a generated token costs per_token + per_seq (its share of the linear layers and of the
     # per-sequence work) plus per_context_token x its context; K_d is their ratio

@@ -2,11 +2,11 @@
 
 One step is one forward pass over every token the scheduler picked (chunked prefill and decode mixed).
 The model, with ``N`` tokens in the step, ``S`` sequences scheduled, ``C`` the context read by the
-decoding sequences (their KV tokens) and ``A = sum(chunk * (computed + chunk / 2))`` over prefill chunks
-(causal attention work of the prefills)::
+decoding sequences (their KV tokens), ``A = sum(chunk * (computed + chunk / 2))`` over prefill chunks
+(causal attention work of the prefills) and ``P`` the sequences running a prefill chunk::
 
     t = overhead + max(floor, intercept + per_token * N) + per_seq * S + per_context_token * C
-        + prefill_attention * A
+        + prefill_attention * A + per_prefill_seq * P
 
 - ``max(floor, ...)``: linear layers are memory-bound (read all weights: the decode floor) until the
   batch is large enough to be compute-bound (a slope per token). Vidur's operator profiles show this
@@ -14,6 +14,10 @@ decoding sequences (their KV tokens) and ``A = sum(chunk * (computed + chunk / 2
 - ``per_context_token``: decode attention reads each sequence's KV cache: memory-bound, bytes per
   token / bandwidth.
 - ``prefill_attention``: prefill attention FLOPs grow with chunk × context: compute-bound.
+- ``per_prefill_seq``: what a prefill chunk costs beyond its tokens (the prefill attention path's
+  per-sequence setup, and on a prompt's last chunk its first token's logits and output). Timed steps of
+  vLLM 0.32's CPU build put it at 1.3–3.3 ms against a 1.2 ms decode step (docs/real-vllm.md); the
+  built-in GPU profiles have no measurement of it and keep 0.
 
 A pure-decode batch whose membership does not change has step times that grow by a constant
 (``per_context_token * D``) per step, so ``k`` steps sum in closed form: the engine uses that to jump
@@ -32,7 +36,8 @@ import numpy as np
 class StepTimeModel(Protocol):
     """A step-time model: one-method seam, plus the decode-run form the engine's fast path needs."""
 
-    def step_time(self, tokens: int, seqs: int, decode_context: float, prefill_attention: float) -> float:
+    def step_time(self, tokens: int, seqs: int, decode_context: float, prefill_attention: float,
+                  prefill_seqs: int = 0) -> float:
         """Seconds for one step (see the module docstring for the arguments)."""
         ...
 
@@ -89,6 +94,8 @@ class LinearStepTime:
     per_seq_s: float
     per_context_token_s: float
     prefill_attention_s: float
+    per_prefill_seq_s: float = 0.0
+    """Optional in ``from_dict``: profiles written before the term existed had none, which is 0 exactly."""
 
     def __post_init__(self) -> None:
         problems = [f"{f.name}={getattr(self, f.name)!r}" for f in fields(self)
@@ -99,10 +106,11 @@ class LinearStepTime:
         if self.floor_s + self.overhead_s <= 0:
             raise ValueError("invalid LinearStepTime: floor_s + overhead_s must be > 0 (a step takes time)")
 
-    def step_time(self, tokens: int, seqs: int, decode_context: float, prefill_attention: float) -> float:
+    def step_time(self, tokens: int, seqs: int, decode_context: float, prefill_attention: float,
+                  prefill_seqs: int = 0) -> float:
         linear = max(self.floor_s, self.intercept_s + self.per_token_s * tokens)
         return (self.overhead_s + linear + self.per_seq_s * seqs + self.per_context_token_s * decode_context
-                + self.prefill_attention_s * prefill_attention)
+                + self.prefill_attention_s * prefill_attention + self.per_prefill_seq_s * prefill_seqs)
 
     def decode_run(self, decode_seqs: int, context0: float) -> DecodeRun:
         linear = self.intercept_s + self.per_token_s * decode_seqs
@@ -115,7 +123,7 @@ class LinearStepTime:
         total, done = 0.0, 0
         while done < prompt_tokens:
             n = min(chunk, prompt_tokens - done)
-            total += self.step_time(n, 1, 0.0, n * (done + n / 2.0))
+            total += self.step_time(n, 1, 0.0, n * (done + n / 2.0), 1)
             done += n
         return total
 
@@ -124,14 +132,14 @@ class LinearStepTime:
 
     @classmethod
     def from_dict(cls, data: dict[str, object]) -> LinearStepTime:
-        """Build from a mapping, naming missing or unknown keys."""
+        """Build from a mapping, naming missing or unknown keys (``per_prefill_seq_s`` may be absent: 0)."""
         names = {f.name for f in fields(cls)}
-        missing = sorted(names - set(data))
+        missing = sorted(names - set(data) - {"per_prefill_seq_s"})
         unknown = sorted(set(data) - names)
         if missing or unknown:
             raise ValueError(f"step_time: missing keys {missing}, unknown keys {unknown}; expected {sorted(names)}")
         values: dict[str, float] = {}
-        for k in names:
+        for k in names & set(data):
             try:
                 values[k] = float(data[k])  # type: ignore[arg-type]
             except (TypeError, ValueError):
@@ -148,6 +156,7 @@ class StepSample:
     decode_context: float
     prefill_attention: float
     seconds: float
+    prefill_seqs: int = 0
 
 
 def fit_linear_knee(tokens: np.ndarray, seconds: np.ndarray, knee_below: int = 64,
@@ -179,19 +188,21 @@ def fit_step_samples(samples: list[StepSample], base: LinearStepTime) -> LinearS
 
     if len(samples) < 4:
         raise ValueError(f"fit_step_samples needs at least 4 samples, got {len(samples)}")
-    x = np.array([[s.tokens, s.seqs, s.decode_context, s.prefill_attention] for s in samples], dtype=np.float64)
+    x = np.array([[s.tokens, s.seqs, s.decode_context, s.prefill_attention, s.prefill_seqs] for s in samples],
+                 dtype=np.float64)
     y = np.array([s.seconds for s in samples], dtype=np.float64)
-    names = [f.name for f in fields(LinearStepTime)]
+    held = {"per_prefill_seq_s": base.per_prefill_seq_s} if not np.any(x[:, 4]) else {}  # no sample shows it
+    names = [f.name for f in fields(LinearStepTime) if f.name not in held]
 
     def model(p: np.ndarray) -> np.ndarray:
-        d = dict(zip(names, p, strict=True))
+        d = {**held, **dict(zip(names, p, strict=True))}
         lin = np.maximum(d["floor_s"], d["intercept_s"] + d["per_token_s"] * x[:, 0])
         out: np.ndarray = (d["overhead_s"] + lin + d["per_seq_s"] * x[:, 1] + d["per_context_token_s"] * x[:, 2]
-                           + d["prefill_attention_s"] * x[:, 3])
+                           + d["prefill_attention_s"] * x[:, 3] + d["per_prefill_seq_s"] * x[:, 4])
         return out
 
     p0 = np.array([getattr(base, n) for n in names], dtype=np.float64)
     scale = np.where(p0 > 0, p0, 1e-9)
     res = least_squares(lambda q: (model(q * scale) - y) / y, p0 / scale, bounds=(0.0, np.inf), loss="soft_l1",
                         f_scale=0.05)
-    return LinearStepTime(**{n: float(v) for n, v in zip(names, res.x * scale, strict=True)})
+    return LinearStepTime(**held, **{n: float(v) for n, v in zip(names, res.x * scale, strict=True)})

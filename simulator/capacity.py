@@ -178,7 +178,10 @@ def profile_runner(profile: Any, config: SweepConfig) -> Callable[[Workload], tu
             slo_ttft_s=config.slo_ttft_s, slo_tpot_s=config.slo_tpot_s or 1e9)
         batch = profile.max_num_seqs
         context = float(w.input_tokens.mean() + w.output_tokens.mean() / 2)
-        per_prompt = st.per_token_s + st.prefill_attention_s * float(w.input_tokens.mean()) / 2
+        prompt_mean = max(float(w.input_tokens.mean()), 1.0)
+        chunks = math.ceil(prompt_mean / profile.max_num_batched_tokens)  # each runs one prefill
+        per_prompt = (st.per_token_s + st.prefill_attention_s * prompt_mean / 2
+                      + st.per_prefill_seq_s * chunks / prompt_mean)
         per_generated = st.step_time(batch, batch, batch * context, 0.0) / batch
         gen = float(summary.get("output_tokens_per_s") or 0.0)
         prompt = float(summary.get("throughput_tokens_per_s") or 0.0) - gen

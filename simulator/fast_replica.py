@@ -44,7 +44,7 @@ ID, NTOK, COMP, LEFT, NEW = range(5)
 # float fields of fv[r]
 CLOCK, BUSY_UNTIL, RUN_START, RUN_FIRST, RUN_GROWTH, STEP_S, ADM_ATTN, N_FLOAT = range(8)
 # the step-time model's coefficients (LinearStepTime, in its field order)
-OVERHEAD, FLOOR, INTERCEPT, PER_TOKEN, PER_SEQ, PER_CONTEXT, PREFILL_ATTN = range(7)
+OVERHEAD, FLOOR, INTERCEPT, PER_TOKEN, PER_SEQ, PER_CONTEXT, PREFILL_ATTN, PER_PREFILL_SEQ = range(8)
 NONE = -1.0  # "no next event" (the Python methods return None); event times are >= 0
 PARKED = -2  # ``head_plain``: the waiting head has blocks parked (``resume_tokens`` answers)
 
@@ -114,7 +114,7 @@ def new_fleet(replicas: int, profile: object, now: float = 0.0) -> Fleet:
     fv = np.zeros((replicas, N_FLOAT), np.float64)
     fv[:, CLOCK] = now
     model = np.array([st.overhead_s, st.floor_s, st.intercept_s, st.per_token_s, st.per_seq_s,
-                      st.per_context_token_s, st.prefill_attention_s], np.float64)
+                      st.per_context_token_s, st.prefill_attention_s, st.per_prefill_seq_s], np.float64)
     cfg = np.array([p.block_size, p.usable_blocks, p.max_num_batched_tokens, seqs, p.admission_cap],  # type: ignore[attr-defined]
                    np.int64)
     return Fleet(np.zeros((replicas, 5, seqs), np.int64), np.zeros((replicas, seqs), np.int64), iv, fv, cfg, model)
@@ -122,11 +122,12 @@ def new_fleet(replicas: int, profile: object, now: float = 0.0) -> Fleet:
 
 # ----- small helpers --------------------------------------------------------------------------------------
 @njit(cache=True, inline="always")
-def step_time(m: np.ndarray, tokens: int, seqs: int, decode_context: float, prefill_attention: float) -> float:
+def step_time(m: np.ndarray, tokens: int, seqs: int, decode_context: float, prefill_attention: float,
+              prefill_seqs: int) -> float:
     """``LinearStepTime.step_time``."""
     linear = max(m[FLOOR], m[INTERCEPT] + m[PER_TOKEN] * tokens)
     return (m[OVERHEAD] + linear + m[PER_SEQ] * seqs + m[PER_CONTEXT] * decode_context
-            + m[PREFILL_ATTN] * prefill_attention)
+            + m[PREFILL_ATTN] * prefill_attention + m[PER_PREFILL_SEQ] * prefill_seqs)
 
 
 @njit(cache=True)
@@ -486,16 +487,17 @@ def start_step(q: Fleet, L: Log, r: int) -> float:
     if n == 0:
         iv[r, BUSY] = 0
         if preempted:
-            fv[r, STEP_S] = step_time(q.model, 0, 0, 0.0, 0.0)
+            fv[r, STEP_S] = step_time(q.model, 0, 0, 0.0, 0.0, 0)
             fv[r, BUSY_UNTIL] = fv[r, CLOCK] + fv[r, STEP_S]
             iv[r, BUSY] = 1
             return fv[r, BUSY_UNTIL]
         return NONE
     n0 = iv[r, N_RUNNING]
+    n_partial = 0
     if iv[r, FAST]:
         context = float(iv[r, COMP_SUM] - iv[r, ADM_CACHED] + n0)
     else:
-        decodes = ctx = n_partial = 0
+        decodes = ctx = 0
         attn = np.empty(n0, np.float64)
         for j in range(n0):
             new, comp = S[NEW, j], S[COMP, j]
@@ -508,8 +510,8 @@ def start_step(q: Fleet, L: Log, r: int) -> float:
         context = float(ctx + decodes)
         fv[r, ADM_ATTN] += pairwise_sum(attn, 0, n_partial)
         n0 = n_partial + decodes
-    seqs = n0 + n - iv[r, N_RUNNING]
-    fv[r, STEP_S] = step_time(q.model, iv[r, NEW_SUM], seqs, context, fv[r, ADM_ATTN])
+    admitted = n - iv[r, N_RUNNING]
+    fv[r, STEP_S] = step_time(q.model, iv[r, NEW_SUM], n0 + admitted, context, fv[r, ADM_ATTN], n_partial + admitted)
     fv[r, BUSY_UNTIL] = fv[r, CLOCK] + fv[r, STEP_S]
     iv[r, BUSY] = 1
     return fv[r, BUSY_UNTIL]

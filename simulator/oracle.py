@@ -55,8 +55,9 @@ def request_work(input_tokens: np.ndarray, output_tokens: np.ndarray, capacity: 
     """Replica-seconds each request costs: its prefill plus its share of decode.
 
     With the profile's step-time model, prefill costs its marginal compute, ``per_token_s x n`` plus
-    causal attention ``prefill_attention_s x n^2 / 2`` (the same for any chunking): long prompts cost
-    more than their token count says. Without one, ``n / prefill capacity``. Decode: output tokens /
+    causal attention ``prefill_attention_s x n^2 / 2`` (the same for any chunking) plus
+    ``per_prefill_seq_s`` per chunk of ``max_num_batched_tokens``: long prompts cost more than their token
+    count says. Without one, ``n / prefill capacity``. Decode: output tokens /
     decode capacity (the batched rate within the TPOT SLO).
     """
     n = np.asarray(input_tokens, dtype=float)
@@ -64,6 +65,10 @@ def request_work(input_tokens: np.ndarray, output_tokens: np.ndarray, capacity: 
     per_token, attention = getattr(st, "per_token_s", None), getattr(st, "prefill_attention_s", None)
     if isinstance(per_token, float) and isinstance(attention, float):
         prefill = per_token * n + attention * n * n / 2.0
+        budget = getattr(profile, "max_num_batched_tokens", None)
+        per_chunk = float(getattr(st, "per_prefill_seq_s", 0.0) or 0.0)
+        if per_chunk > 0 and isinstance(budget, int) and budget > 0:  # each chunk of a prompt runs one prefill
+            prefill = prefill + per_chunk * np.ceil(np.maximum(n, 1.0) / budget)
     else:
         prefill = n / capacity.prefill_tokens_per_s
     return cast(np.ndarray, prefill + np.asarray(output_tokens, dtype=float) / capacity.decode_tokens_per_s)

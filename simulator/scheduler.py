@@ -223,6 +223,7 @@ class SchedulerState:
             return self._zero_step() if preempted else None
         n0 = self.n_running
         context: float
+        partials = 0
         if self.fast:
             decodes, context = n0, self.comp_sum - self._adm_cached + n0
         else:
@@ -232,15 +233,18 @@ class SchedulerState:
             decodes, context = int(decode.sum()), float(comp[decode].sum() + decode.sum())
             p_new = new[partial]
             self._adm_attn += float((p_new * (comp[partial] + p_new / 2.0)).sum())
-            n0 = int(partial.sum()) + decodes
-        seqs = n0 + n - self.n_running  # scheduled running requests + admitted ones
-        self.step_s = self.model.step_time(self.new_sum, seqs, float(context), self._adm_attn)
+            partials = int(partial.sum())
+            n0 = partials + decodes
+        admitted = n - self.n_running
+        # scheduled running requests + admitted ones; running prefill chunks + admitted ones (each a first chunk)
+        self.step_s = self.model.step_time(self.new_sum, n0 + admitted, float(context), self._adm_attn,
+                                           partials + admitted)
         self.busy_until = self.clock + self.step_s
         return self.busy_until
 
     def _zero_step(self) -> float:
         """Everything running was preempted this step: nothing computes; the next step admits."""
-        self.step_s = self.model.step_time(0, 0, 0.0, 0.0)
+        self.step_s = self.model.step_time(0, 0, 0.0, 0.0, 0)
         self.busy_until = self.clock + self.step_s
         return self.busy_until
 

@@ -19,9 +19,11 @@ import numpy as np
 
 from scaler.step_time import LinearStepTime
 
-COLUMNS = ("tokens", "seqs", "decode_context", "prefill_attention", "seconds")
+COLUMNS = ("tokens", "seqs", "decode_context", "prefill_attention", "prefill_seqs", "seconds")
 """One row per engine step, in ``scaler.step_time``'s terms: tokens ``N``, sequences ``S``, decode
-context ``C``, prefill attention ``A``, and the step's wall time in seconds."""
+context ``C``, prefill attention ``A``, sequences running a prefill chunk ``P``, and the step's wall
+time in seconds."""
+SECONDS = COLUMNS.index("seconds")
 MIN_STEPS = 10
 STEP_TIME_METHODS = ("auto", "steps", "outcomes")
 """``leadscale calibrate --step-time``: fit on the timed steps, on the replay's outcomes, or (auto) the steps
@@ -64,27 +66,32 @@ def write_steps(path: str | Path, steps: np.ndarray) -> Path:
 
 
 def _cell(path: Path, line: int, column: str, raw: str) -> float:
-    """One value: a finite number >= 0; ``seqs`` at least 1 and ``seconds`` above 0 (a step ran and took time)."""
+    """One value: a finite number >= 0; ``seqs`` at least 1, ``prefill_seqs`` a whole number and ``seconds``
+    above 0 (a step ran and took time)."""
     allowed = {"seqs": "a number >= 1 (a step schedules at least one sequence)",
+               "prefill_seqs": "a whole number >= 0",
                "seconds": "a finite number > 0 (a step takes time)"}.get(column, "a finite number >= 0")
     try:
         value = float(raw)
     except ValueError:
         value = math.nan
     low_ok = value >= 1 if column == "seqs" else value > 0 if column == "seconds" else value >= 0
+    if column == "prefill_seqs" and math.isfinite(value) and value != round(value):
+        low_ok = False
     if not (math.isfinite(value) and low_ok):
         raise StepLogError(f"{path}: line {line}, column {column!r}: {raw[:40]!r} is not {allowed}")
     return value
 
 
 def read_steps(path: str | Path) -> np.ndarray:
-    """The timed steps of ``path``, an ``(n, 5)`` array in ``COLUMNS`` order; every bad cell is an error."""
+    """The timed steps of ``path``, an ``(n, 6)`` array in ``COLUMNS`` order; every bad cell is an error."""
     path = Path(path)
     with path.open(newline="") as fh:
         reader = csv.reader(fh)
         header = next(reader, None)
         if header is None or tuple(h.strip() for h in header) != COLUMNS:
-            raise StepLogError(f"{path}: line 1: header {header!r}; expected {','.join(COLUMNS)}")
+            raise StepLogError(f"{path}: line 1: header {header!r}; expected {','.join(COLUMNS)} (a replay "
+                               "written before prefill_seqs was timed needs to be run again)")
         rows = []
         for row in reader:
             line = reader.line_num
@@ -116,6 +123,7 @@ def fit_step_time(steps: np.ndarray) -> tuple[LinearStepTime, StepFitResiduals]:
     """``scaler.step_time``'s model fitted on timed steps::
 
         t = overhead + per_token * max(knee, N) + per_seq * S + per_context_token * C + prefill_attention * A
+            + per_prefill_seq * P
 
     i.e. ``floor = per_token * knee`` and ``intercept = 0``: below ``knee`` tokens a step's linear layers
     cost the same (reading the weights bounds them, not the arithmetic), above it each token adds
@@ -124,19 +132,22 @@ def fit_step_time(steps: np.ndarray) -> tuple[LinearStepTime, StepFitResiduals]:
     squared error wins, and where the steps show none (the CPU build measured in docs/real-vllm.md) it is 0,
     the straight line. Absolute,
     not relative, error: the long steps are the ones that set the latencies, and the short ones' relative
-    noise is the largest."""
+    noise is the largest. ``P`` is what separates a prefill chunk's fixed cost from its tokens' (a pure
+    decode step has ``N = S``, so without prefill steps of every size ``per_token`` and ``per_seq`` are one
+    number): on the CPU build a chunk costs 1.3–3.3 ms beyond its tokens, and without the term the fit
+    charged it to every token instead (docs/real-vllm.md)."""
     steps = np.asarray(steps, dtype=float)
     if steps.ndim != 2 or steps.shape[1] != len(COLUMNS):
         raise ValueError(f"fit_step_time: steps of shape {steps.shape}; expected (n, {len(COLUMNS)}): {COLUMNS}")
     if steps.shape[0] < MIN_STEPS:
         raise ValueError(f"fit_step_time: {steps.shape[0]} timed steps; need at least {MIN_STEPS}")
-    if not (np.all(np.isfinite(steps)) and np.all(steps[:, :4] >= 0) and np.all(steps[:, 4] > 0)):
+    if not (np.all(np.isfinite(steps)) and np.all(steps[:, :SECONDS] >= 0) and np.all(steps[:, SECONDS] > 0)):
         raise ValueError("fit_step_time: every value must be finite, the batch columns >= 0 and seconds > 0")
-    tokens, seconds = steps[:, 0], steps[:, 4]
+    tokens, seconds = steps[:, 0], steps[:, SECONDS]
     knees = np.unique(np.concatenate([[0.0], np.quantile(tokens, np.linspace(0.0, 0.95, KNEE_CANDIDATES))]))
     best: tuple[float, float, np.ndarray, np.ndarray] | None = None
     for knee in knees:
-        design = np.column_stack([np.ones(tokens.size), np.maximum(tokens, knee), steps[:, 1:4]])
+        design = np.column_stack([np.ones(tokens.size), np.maximum(tokens, knee), steps[:, 1:SECONDS]])
         coef, sse = _solve(design, seconds)
         if best is None or sse < best[0] * (1 - 1e-9):  # ties keep the smaller knee
             best = (sse, float(knee), coef, design)
@@ -146,7 +157,7 @@ def fit_step_time(steps: np.ndarray) -> tuple[LinearStepTime, StepFitResiduals]:
         coef[0] = float(np.min(seconds)) * 1e-3
     model = LinearStepTime(overhead_s=float(coef[0]), floor_s=float(coef[1] * knee), intercept_s=0.0,
                            per_token_s=float(coef[1]), per_seq_s=float(coef[2]), per_context_token_s=float(coef[3]),
-                           prefill_attention_s=float(coef[4]))
+                           prefill_attention_s=float(coef[4]), per_prefill_seq_s=float(coef[5]))
     relative = (design @ coef - seconds) / seconds  # = model.step_time of each step: o + s max(knee, N) + ...
     residuals = StepFitResiduals(steps=int(steps.shape[0]), knee_tokens=knee,
                                  abs_rel_p50=float(np.percentile(np.abs(relative), 50)),

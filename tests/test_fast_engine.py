@@ -62,6 +62,9 @@ def test_compiled_equals_reference_on_random_workloads(data: st.DataObject) -> N
     profile = tiny_profile(gib=data.draw(st.floats(15.5, 18.0)), seqs=data.draw(st.integers(1, 16)),
                            budget=data.draw(st.integers(16, 1024)))
     profile = replace(profile, scheduler_reserve_full_isl=data.draw(st.booleans()))  # vLLM's gate, or 0.11's rule
+    if data.draw(st.booleans()):  # a prefill chunk's own cost (the CPU build's measured term)
+        per_chunk = data.draw(st.floats(1e-4, 5e-3))
+        profile = replace(profile, step_time=replace(profile.step_time, per_prefill_seq_s=per_chunk))
     kw: dict[str, Any] = {"router": data.draw(st.sampled_from(["least-tokens", "round-robin"]))}
     if data.draw(st.booleans()):
         kw["waiting_tokens_limit"] = data.draw(st.floats(500.0, 20_000.0))

@@ -57,7 +57,7 @@ def test_the_run_reads_back_as_a_replay_calibration_accepts(tmp_path: Path) -> N
     assert measured.engine["server_queue_mean"] == pytest.approx(0.1)
     assert measured.engine["server_ttft_mean"] == pytest.approx(0.2)
     assert measured.engine["server_itl_mean"] == pytest.approx(0.1)
-    assert measured.steps is not None and measured.steps.shape == (0, 5)  # this run timed no steps
+    assert measured.steps is not None and measured.steps.shape == (0, 6)  # this run timed no steps
 
 
 def test_the_run_s_timed_steps_travel_to_calibration(tmp_path: Path) -> None:

@@ -16,21 +16,25 @@ from simulator.step_log import COLUMNS, StepLogError, fit_step_time, read_steps,
 from tests.test_calibrate import _fake_replay, _truth, _workload
 
 TRUE = {"overhead_s": 1e-3, "per_token_s": 2e-5, "per_seq_s": 3e-4, "per_context_token_s": 1e-8,
-        "prefill_attention_s": 2e-9}
+        "prefill_attention_s": 2e-9, "per_prefill_seq_s": 2e-3}
+SECONDS = COLUMNS.index("seconds")
 
 
 def _steps(n: int, seed: int, noise: float = 0.02) -> np.ndarray:
     rng = np.random.default_rng(seed)
     tokens, seqs = rng.integers(1, 512, n).astype(float), rng.integers(1, 9, n).astype(float)
-    context, attention = rng.uniform(0, 8000, n), rng.uniform(0, 60000, n) * (rng.random(n) < 0.3)
+    prefill = rng.random(n) < 0.3
+    context, attention = rng.uniform(0, 8000, n), rng.uniform(0, 60000, n) * prefill
+    prefills = prefill * rng.integers(1, 3, n)
     seconds = (TRUE["overhead_s"] + TRUE["per_token_s"] * tokens + TRUE["per_seq_s"] * seqs
-               + TRUE["per_context_token_s"] * context + TRUE["prefill_attention_s"] * attention)
-    return np.column_stack([tokens, seqs, context, attention, seconds * (1 + rng.normal(0, noise, n))])
+               + TRUE["per_context_token_s"] * context + TRUE["prefill_attention_s"] * attention
+               + TRUE["per_prefill_seq_s"] * prefills)
+    return np.column_stack([tokens, seqs, context, attention, prefills, seconds * (1 + rng.normal(0, noise, n))])
 
 
 def test_the_fit_recovers_a_known_step_time_and_reports_its_residuals() -> None:
     model, residuals = fit_step_time(_steps(400, seed=3))
-    for name in ("overhead_s", "per_token_s", "per_seq_s"):
+    for name in ("overhead_s", "per_token_s", "per_seq_s", "per_prefill_seq_s"):
         assert getattr(model, name) == pytest.approx(TRUE[name], rel=0.1), name
     assert model.intercept_s == 0
     assert residuals.steps == 400 and 0.005 < residuals.abs_rel_p50 < 0.03 < residuals.abs_rel_p95 < 0.06
@@ -42,36 +46,36 @@ def test_the_fit_finds_the_batch_size_below_which_a_step_costs_the_same() -> Non
     through both would time the large ones short."""
     steps = _steps(600, seed=5, noise=0.01)
     tokens = steps[:, 0]
-    steps[:, 4] += TRUE["per_token_s"] * (np.maximum(tokens, 160) - tokens)  # flat below 160 tokens
+    steps[:, SECONDS] += TRUE["per_token_s"] * (np.maximum(tokens, 160) - tokens)  # flat below 160 tokens
     model, residuals = fit_step_time(steps)
     assert residuals.knee_tokens == pytest.approx(160, abs=25)
     assert model.per_token_s == pytest.approx(TRUE["per_token_s"], rel=0.1)
     assert model.floor_s == pytest.approx(TRUE["per_token_s"] * 160, rel=0.15) and model.intercept_s == 0
     assert residuals.abs_rel_p95 < 0.03
     big = steps[tokens > 400]
-    assert np.median([model.step_time(*row[:4]) / row[4] for row in big]) == pytest.approx(1.0, abs=0.01)
+    assert np.median([model.step_time(*row[:SECONDS]) / row[SECONDS] for row in big]) == pytest.approx(1.0, abs=0.01)
     linear, _ = fit_step_time(_steps(400, seed=3))  # and where there is no knee, none is invented
     assert linear.floor_s < 0.1 * TRUE["overhead_s"]
 
 
 def test_the_fit_refuses_too_few_or_impossible_steps() -> None:
     with pytest.raises(ValueError, match="need at least 10"):
-        fit_step_time(np.ones((3, 5)))
-    with pytest.raises(ValueError, match=r"expected \(n, 5\)"):
-        fit_step_time(np.ones((20, 4)))
+        fit_step_time(np.ones((3, 6)))
+    with pytest.raises(ValueError, match=r"expected \(n, 6\)"):
+        fit_step_time(np.ones((20, 5)))
     bad = _steps(20, seed=1)
-    bad[4, 4] = 0.0
+    bad[4, SECONDS] = 0.0
     with pytest.raises(ValueError, match="seconds > 0"):
         fit_step_time(bad)
 
 
 @settings(max_examples=40, deadline=None)
 @given(st.lists(st.tuples(st.integers(1, 4096), st.integers(1, 256), st.floats(0, 1e7), st.floats(0, 1e9),
-                          st.floats(1e-6, 10.0)), min_size=10, max_size=60))
+                          st.integers(0, 8), st.floats(1e-6, 10.0)), min_size=10, max_size=60))
 def test_any_valid_steps_give_a_model_that_times_every_step_finite_and_positive(rows: list[tuple]) -> None:
     model, residuals = fit_step_time(np.array(rows, dtype=float))
-    for n, s, c, a, _ in rows:
-        t = model.step_time(n, s, c, a)
+    for n, s, c, a, p, _ in rows:
+        t = model.step_time(n, s, c, a, p)
         assert math.isfinite(t) and t > 0
     assert math.isfinite(residuals.abs_rel_p95) and math.isfinite(residuals.mean_rel)
 
@@ -83,14 +87,18 @@ def test_the_file_round_trips_exactly(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("text", "message"), [
-    ("tokens,seqs\n1,2\n", r"line 1: header .*expected tokens,seqs,decode_context,prefill_attention,seconds"),
+    ("tokens,seqs\n1,2\n",
+     r"line 1: header .*expected tokens,seqs,decode_context,prefill_attention,prefill_seqs,seconds"),
+    ("tokens,seqs,decode_context,prefill_attention,seconds\n1,1,0,0,0.01\n",
+     r"line 1: header .*prefill_seqs.* needs to be run again"),
     ("", "line 1: header None"),
-    (",".join(COLUMNS) + "\n1,1,0,0,0.01\n1,1,0,0\n", r"line 3: 4 fields; expected 5"),
-    (",".join(COLUMNS) + "\n1,1,0,0,0.01\n2,x,0,0,0.01\n", r"line 3, column 'seqs': 'x' is not a number >= 1"),
-    (",".join(COLUMNS) + "\n1,1,nan,0,0.01\n", r"line 2, column 'decode_context': 'nan' is not a finite number >= 0"),
-    (",".join(COLUMNS) + "\n1,1,0,-5,0.01\n", r"line 2, column 'prefill_attention': '-5' is not"),
-    (",".join(COLUMNS) + "\n1,1,0,0,0\n", r"line 2, column 'seconds': '0' is not a finite number > 0"),
-    (",".join(COLUMNS) + "\n1,0,0,0,0.01\n", r"line 2, column 'seqs': '0' is not a number >= 1"),
+    (",".join(COLUMNS) + "\n1,1,0,0,0,0.01\n1,1,0,0,0\n", r"line 3: 5 fields; expected 6"),
+    (",".join(COLUMNS) + "\n1,1,0,0,0,0.01\n2,x,0,0,0,0.01\n", r"line 3, column 'seqs': 'x' is not a number >= 1"),
+    (",".join(COLUMNS) + "\n1,1,nan,0,0,0.01\n", r"line 2, column 'decode_context': 'nan' is not a finite number >= 0"),
+    (",".join(COLUMNS) + "\n1,1,0,-5,0,0.01\n", r"line 2, column 'prefill_attention': '-5' is not"),
+    (",".join(COLUMNS) + "\n1,1,0,0,1.5,0.01\n", r"line 2, column 'prefill_seqs': '1.5' is not a whole number >= 0"),
+    (",".join(COLUMNS) + "\n1,1,0,0,0,0\n", r"line 2, column 'seconds': '0' is not a finite number > 0"),
+    (",".join(COLUMNS) + "\n1,0,0,0,0,0.01\n", r"line 2, column 'seqs': '0' is not a number >= 1"),
 ])
 def test_a_bad_file_names_its_line_column_and_value(tmp_path: Path, text: str, message: str) -> None:
     path = tmp_path / "steps.csv"
@@ -131,6 +139,6 @@ def test_calibration_without_timed_steps_fits_outcomes_and_says_why_steps_cannot
 def test_a_bad_steps_file_stops_calibration_with_its_line(replay: Path, tmp_path: Path) -> None:
     broken = tmp_path / "broken"
     shutil.copytree(replay, broken)
-    (broken / "steps.csv").write_text(",".join(COLUMNS) + "\n1,1,0,0,-1\n")
+    (broken / "steps.csv").write_text(",".join(COLUMNS) + "\n1,1,0,0,0,-1\n")
     with pytest.raises(StepLogError, match="line 2, column 'seconds'"):
         calibrate.load_replay(broken)

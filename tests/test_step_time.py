@@ -50,6 +50,21 @@ def test_bad_coefficient_names_field(field: str, bad: float) -> None:
         LinearStepTime(**{**MODEL.to_dict(), field: bad})
 
 
+def test_a_prefill_chunk_costs_its_own_term_once_per_chunk() -> None:
+    chunky = LinearStepTime(**{**MODEL.to_dict(), "per_prefill_seq_s": 0.003})
+    assert chunky.step_time(256, 4, 1000, 5e4, 2) - MODEL.step_time(256, 4, 1000, 5e4) == pytest.approx(0.006)
+    assert chunky.step_time(64, 64, 64e3, 0.0) == MODEL.step_time(64, 64, 64e3, 0.0)  # decode: none
+    assert chunky.prefill_time(10_000, 4096) - MODEL.prefill_time(10_000, 4096) == pytest.approx(3 * 0.003)
+
+
+def test_a_profile_written_before_the_prefill_term_reads_as_zero_and_others_still_fail() -> None:
+    old = MODEL.to_dict()
+    del old["per_prefill_seq_s"]
+    assert LinearStepTime.from_dict(old) == MODEL and MODEL.per_prefill_seq_s == 0.0
+    with pytest.raises(ValueError, match=r"per_prefill_seq_s=-1.0"):
+        LinearStepTime.from_dict({**old, "per_prefill_seq_s": -1.0})
+
+
 def test_from_dict_names_missing_and_unknown() -> None:
     data = MODEL.to_dict()
     del data["floor_s"]
