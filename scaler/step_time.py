@@ -16,7 +16,7 @@ decoding sequences (their KV tokens), ``A = sum(chunk * (computed + chunk / 2))`
 - ``prefill_attention``: prefill attention FLOPs grow with chunk × context: compute-bound.
 - ``per_prefill_seq``: what a prefill chunk costs beyond its tokens (the prefill attention path's
   per-sequence setup, and on a prompt's last chunk its first token's logits and output). Timed steps of
-  vLLM 0.32's CPU build put it at 1.3–3.3 ms against a 1.2 ms decode step (docs/real-vllm.md); the
+  vLLM 0.32's CPU build put it at 1.4–1.9 ms against a 1.2 ms decode step (docs/real-vllm.md); the
   built-in GPU profiles have no measurement of it and keep 0.
 
 A pure-decode batch whose membership does not change has step times that grow by a constant

@@ -56,7 +56,11 @@ class StepFitResiduals:
 
 def write_steps(path: str | Path, steps: np.ndarray) -> Path:
     """Write ``steps`` (one row per step, ``COLUMNS`` in order) as CSV with a header."""
-    steps = np.asarray(steps, dtype=float).reshape(-1, len(COLUMNS))
+    steps = np.asarray(steps, dtype=float)
+    if steps.size == 0:
+        steps = steps.reshape(0, len(COLUMNS))
+    if steps.ndim != 2 or steps.shape[1] != len(COLUMNS):
+        raise ValueError(f"write_steps: steps of shape {steps.shape}; expected (n, {len(COLUMNS)}): {COLUMNS}")
     path = Path(path)
     with path.open("w", newline="") as fh:
         writer = csv.writer(fh)
@@ -134,7 +138,7 @@ def fit_step_time(steps: np.ndarray) -> tuple[LinearStepTime, StepFitResiduals]:
     not relative, error: the long steps are the ones that set the latencies, and the short ones' relative
     noise is the largest. ``P`` is what separates a prefill chunk's fixed cost from its tokens' (a pure
     decode step has ``N = S``, so without prefill steps of every size ``per_token`` and ``per_seq`` are one
-    number): on the CPU build a chunk costs 1.3–3.3 ms beyond its tokens, and without the term the fit
+    number): on the CPU build a chunk costs 1.4–1.9 ms beyond its tokens, and without the term the fit
     charged it to every token instead (docs/real-vllm.md)."""
     steps = np.asarray(steps, dtype=float)
     if steps.ndim != 2 or steps.shape[1] != len(COLUMNS):

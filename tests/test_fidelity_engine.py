@@ -70,7 +70,23 @@ def test_the_run_s_timed_steps_travel_to_calibration(tmp_path: Path) -> None:
     run = _run(fe, [0.0, 0.5, 1.0, 1.5, 2.0, 2.5], [0.0, 0.5, 1.0, 1.6, 2.2, 2.8])
     rng = np.random.default_rng(0)
     run.steps = np.column_stack([rng.integers(1, 512, 30), rng.integers(1, 9, 30), rng.uniform(0, 4000, 30),
-                                 rng.uniform(0, 9e4, 30), rng.uniform(1e-3, 2e-2, 30)]).astype(float)
+                                 rng.uniform(0, 9e4, 30), rng.integers(0, 3, 30), rng.uniform(1e-3, 2e-2, 30)]
+                                ).astype(float)
     measured = load_replay(engine.write_replay(run, tmp_path / "slice0"))
     assert np.array_equal(measured.steps, run.steps)  # exactly: repr() round-trips a float
     assert step_time_method(measured, "auto") == "steps"
+
+
+def test_the_retest_spread_is_the_largest_move_of_a_repeat_from_the_first_run() -> None:
+    spec = importlib.util.spec_from_file_location("bench_fidelity", ROOT / "benchmarks" / "bench_fidelity.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    first = {k: 1.0 for k in bench.METRICS} | {"itl_p50": 0.002, "max_waiting": 0.0}
+    repeats = [first | {"ttft_p50": 1.1, "itl_p50": 0.0019}, first | {"ttft_p50": 0.8, "e2e_p95": None}]
+    spread = bench.retest_spread(first, repeats)
+    assert spread["ttft_p50"] == pytest.approx(0.2)  # |0.8 / 1 - 1| beats |1.1 / 1 - 1|
+    assert spread["itl_p50"] == pytest.approx(0.05) and spread["e2e_p50"] == 0.0
+    assert spread["e2e_p95"] == 0.0  # a missing repeat value is skipped, not counted as a move
+    assert spread["max_waiting"] is None  # no relative move from a first run of 0
+    row = bench.load_row(0.5, {k: (v, None) for k, v in first.items()}, dict(first), spread)
+    assert row["metrics"]["ttft_p50"]["retest"] == pytest.approx(0.2) and row["metrics"]["ttft_p50"]["error"] == 0.0

@@ -84,6 +84,8 @@ def test_the_file_round_trips_exactly(tmp_path: Path) -> None:
     steps = _steps(50, seed=2)
     assert np.array_equal(read_steps(write_steps(tmp_path / "steps.csv", steps)), steps)
     assert (tmp_path / "steps.csv").read_text().splitlines()[0] == ",".join(COLUMNS)
+    with pytest.raises(ValueError, match=r"shape \(50, 5\); expected \(n, 6\)"):  # never reshaped into other rows
+        write_steps(tmp_path / "old.csv", steps[:, 1:])
 
 
 @pytest.mark.parametrize(("text", "message"), [
