@@ -209,22 +209,24 @@ def run_setting_in_process(setting: str, args: argparse.Namespace, root: Path) -
     n = args.requests
     engine.run(np.linspace(0.0, 1.0, 8), trace.input_tokens[:8], trace.output_tokens[:8])  # warm-up
     capacity = engine_capacity_rps(engine, trace, n, args.engine_capacity_slo, args.start_rate, out / "capacity")
-    replays = []
-    for i, (label, load) in enumerate(LOADS):
+
+    def replay_slice(i: int, load: float, seed: int) -> Any:
+        """Slice ``i`` of the trace (``n`` requests, its own arrivals) sent at ``load`` x capacity."""
         rows = slice(i * n, (i + 1) * n)
         gaps = np.asarray(trace.arrival_s[rows], dtype=float) - float(trace.arrival_s[rows][0])
-        run = engine.run(gaps * TRACE_RATE / (load * capacity), trace.input_tokens[rows], trace.output_tokens[rows],
-                         seed=i + 1)
+        return engine.run(gaps * TRACE_RATE / (load * capacity), trace.input_tokens[rows], trace.output_tokens[rows],
+                          seed=seed)
+
+    replays = []
+    for i, (label, load) in enumerate(LOADS):
+        run = replay_slice(i, load, seed=i + 1)
         replays.append((engine.write_replay(run, out / f"slice{i}"), run))
         print(f"[{setting} in-process] slice {i} ({label}) at {load * capacity:.2f} req/s: "
               f"{int(run.preemptions.sum())} preemptions, most waiting {run.max_waiting}", file=sys.stderr)
     repeats: dict[str, list[dict[str, float | None]]] = {label: [] for label, _ in LOADS}
     for r in range(1, args.repeats):  # the check slices again, same requests and arrivals, after all the first runs
         for i, (label, load) in enumerate(LOADS[1:], start=1):
-            rows = slice(i * n, (i + 1) * n)
-            gaps = np.asarray(trace.arrival_s[rows], dtype=float) - float(trace.arrival_s[rows][0])
-            again = engine.run(gaps * TRACE_RATE / (load * capacity), trace.input_tokens[rows],
-                               trace.output_tokens[rows], seed=100 * r + i + 1)
+            again = replay_slice(i, load, seed=100 * r + i + 1)
             engine.write_replay(again, out / f"slice{i}-repeat{r}")
             repeats[label].append(again.metrics())
     profiles = {}

@@ -46,7 +46,7 @@ class EngineRun:
     token_gaps: list[float] = field(default_factory=list)
     wall_s: float = 0.0
     steps: np.ndarray = field(default_factory=lambda: np.empty((0, len(STEP_COLUMNS))))
-    """One row per engine step: tokens N, sequences S, decode context C, prefill attention A, seconds."""
+    """One row per engine step, in ``simulator.step_log.COLUMNS`` order (the step-time model's inputs, then seconds)."""
 
     @property
     def max_waiting(self) -> int:
