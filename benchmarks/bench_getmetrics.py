@@ -76,6 +76,11 @@ class FakeSource:
         return out
 
 
+def fake_source(key: Any) -> FakeSource:
+    """The server's source factory: a module-level function, so it reaches the decision process (pickled)."""
+    return FakeSource()
+
+
 def run_server(extra: Sequence[str] = ()) -> int:
     """Child process: ``leadscale serve`` with the fake source; prints the gRPC and metrics ports on stdout."""
     import logging
@@ -86,7 +91,7 @@ def run_server(extra: Sequence[str] = ()) -> int:
     args = serve_cli.resolve(build_parser().parse_args(["serve", "--host", "127.0.0.1", "--port", "0",
                                                         "--metrics-port", "0", "--log-level", "WARNING",
                                                         "--prometheus-url", "http://127.0.0.1:9", *extra]))
-    args.source_factory = lambda key: FakeSource()
+    args.source_factory = fake_source
     start, serve_http = service.start_server, telemetry.serve_http
 
     def announce(*a: Any, **k: Any) -> Any:

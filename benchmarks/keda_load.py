@@ -136,7 +136,7 @@ def burst(calls: list[Call], clients: int, per_client: int, recorder: Recorder, 
 
 @dataclass
 class Sampler:
-    """CPU seconds and RSS of one process every ``every_s``, in a thread."""
+    """CPU seconds and RSS of one process and its children every ``every_s``, in a thread."""
 
     pid: int
     every_s: float = 5.0
@@ -152,8 +152,18 @@ class Sampler:
         return self
 
     def sample(self) -> tuple[float, float, float]:
-        cpu, mem = self._process.cpu_times(), self._process.memory_info()
-        point = (time.monotonic(), cpu.user + cpu.system, mem.rss / 2**20)
+        """The process and its children together (``leadscale serve`` computes decisions in a child)."""
+        import psutil
+
+        cpu_s = rss = 0.0
+        for process in [self._process, *self._process.children(recursive=True)]:
+            try:
+                cpu, mem = process.cpu_times(), process.memory_info()
+            except psutil.NoSuchProcess:  # a child that just exited
+                continue
+            cpu_s += cpu.user + cpu.system
+            rss += mem.rss
+        point = (time.monotonic(), cpu_s, rss / 2**20)
         self.samples.append(point)
         return point
 

@@ -28,7 +28,7 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from scaler import evaluation, evaluator_kube
 from scaler.evaluator_kube import KubeObserver
@@ -57,6 +57,55 @@ def _describe(key: SourceKey) -> str:
     if kind == "scrape":
         return "the pods' /metrics (" + ", ".join(where) + ")"
     return "the pods the Kubernetes observer found (" + "/".join(where) + ")"
+
+
+def source_key(config: ScalerConfig, prometheus_url: str | None, scrape_targets: tuple[str, ...], kube: bool,
+               namespace: str = "", name: str = "") -> SourceKey:
+    """Where an object's signals come from: its metadata first, then the server's defaults, then pods
+    discovered through Kubernetes. Raises ``MetadataError`` when none can serve it."""
+    key = _find_source(config, prometheus_url, scrape_targets, kube, namespace, name)
+    if config.traffic_weight is not None and key[0] != "prometheus":
+        raise MetadataError([Problem("trafficWeight", f"{config.traffic_weight * 100:g}",
+                                     "only with a Prometheus source (prometheusAddress or --prometheus-url): "
+                                     f"the route is read through routeSelector's label matchers; this object "
+                                     f"would read {_describe(key)}")])
+    return key
+
+
+def _find_source(config: ScalerConfig, prometheus_url: str | None, scrape_targets: tuple[str, ...], kube: bool,
+                 namespace: str, name: str) -> SourceKey:
+    if config.scrape_targets:
+        return ("scrape", config.scrape_targets)
+    if config.prometheus_address:
+        return ("prometheus", prometheus_url or config.prometheus_address)
+    if scrape_targets:
+        return ("scrape", scrape_targets)
+    if prometheus_url:
+        return ("prometheus", prometheus_url)
+    if kube:
+        return ("kube", (namespace, name))
+    raise MetadataError([Problem("prometheusAddress", None, "a Prometheus URL or scrapeTargets (this scaler runs "
+                                                            "without --prometheus-url, --scrape-targets and "
+                                                            "--kubernetes)")])
+
+
+class Decisions(Protocol):
+    """What the gRPC service asks of whatever holds the decisions: an ``Evaluator`` in this process or a
+    ``scaler.decision_process.DecisionProcess`` in front of one in another."""
+
+    changed: threading.Condition
+    generation: int
+    failed: threading.Event
+
+    def config(self, metadata: Mapping[str, str]) -> ScalerConfig: ...
+
+    def lookup(self, namespace: str, name: str, metadata: Mapping[str, str]) -> Answer: ...
+
+    def snapshot(self) -> list[dict[str, Any]]: ...
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
 
 
 class TooManyObjects(Exception):
@@ -91,6 +140,8 @@ class _Entry:
     error: str | None = None
     evaluated: threading.Event = field(default_factory=threading.Event)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    tag: Any = None
+    """The owner's handle for it (``scaler.decision_process`` keeps its object id here)."""
 
 
 @dataclass(frozen=True)
@@ -112,7 +163,9 @@ class Evaluator:
                  first_call_timeout_s: float = 2.0,
                  source_factory: Callable[[SourceKey], SignalSource] = default_source_factory,
                  kube: KubeObserver | None = None, telemetry: Telemetry | None = None,
-                 clock: Callable[[], float] = time.time, max_objects: int = 10_000) -> None:
+                 clock: Callable[[], float] = time.time, max_objects: int = 10_000,
+                 on_evaluated: Callable[[list[_Entry]], None] | None = None,
+                 on_dropped: Callable[[list[_Entry]], None] | None = None) -> None:
         for label, value in (("interval_s", interval_s), ("staleness_limit_s", staleness_limit_s),
                              ("idle_timeout_s", idle_timeout_s), ("first_call_timeout_s", first_call_timeout_s)):
             if not (isinstance(value, (int, float)) and 0 < value < float("inf")):
@@ -127,12 +180,17 @@ class Evaluator:
         self.interval_s, self.staleness_limit_s = interval_s, staleness_limit_s
         self.idle_timeout_s, self.first_call_timeout_s = idle_timeout_s, first_call_timeout_s
         self.source_factory, self.kube, self.clock = source_factory, kube, clock
+        self.on_evaluated, self.on_dropped = on_evaluated, on_dropped
+        """Told after each group of objects is evaluated and when idle objects are dropped: how the decision
+        process (``scaler.decision_process``) sends its answers on to the serving process."""
         self.telemetry = telemetry or Telemetry()
         self.telemetry.watch(self.snapshot)
         self.changed = threading.Condition()
         """Notified after every evaluation that changed an object's decision (StreamIsActive waits on it)."""
         self.generation = 0
         """Counts those changes (read it before looking, then wait until it moves: no lost wake-ups)."""
+        self.failed = threading.Event()
+        """Never set here (the loop survives any round); ``DecisionProcess`` sets its own when its child exits."""
         self._entries: dict[ObjectKey, _Entry] = {}
         self._sources: dict[SourceKey, SignalSource] = {}
         self._lock = threading.Lock()
@@ -165,26 +223,33 @@ class Evaluator:
                               f"({self.staleness_limit_s:g} s): {why}")
         return Answer(entry.config, int(decision.desired_replicas), bool(decision.active), max(age, 0.0))
 
-    def _entry(self, namespace: str, name: str, metadata: Mapping[str, str]) -> _Entry:
+    def register(self, namespace: str, name: str, metadata: Mapping[str, str], tag: Any) -> _Entry:
+        """The object's entry, created (its first evaluation scheduled) when unknown, with ``tag`` set before
+        anything can evaluate it; counts as asking about it. Raises ``MetadataError`` or ``TooManyObjects``."""
+        return self._entry(namespace, name, metadata, tag)
+
+    def _entry(self, namespace: str, name: str, metadata: Mapping[str, str], tag: Any = None) -> _Entry:
         key = (namespace, name, frozenset(metadata.items()))
         now = self.clock()
         with self._lock:
             entry = self._entries.get(key)
             if entry is not None:
                 entry.last_asked = now
+                entry.tag = tag if tag is not None else entry.tag
                 return entry
         config = self.config(metadata)
         with self._lock:
             entry = self._entries.get(key)
             if entry is not None:
                 entry.last_asked = now
+                entry.tag = tag if tag is not None else entry.tag
                 return entry
             if len(self._entries) >= self.max_objects:
                 raise TooManyObjects(f"{namespace}/{name}: this scaler already evaluates {len(self._entries)} scaled "
                                      f"objects (--max-objects {self.max_objects}); objects not asked about for "
                                      f"{self.idle_timeout_s:g} s are dropped")
             entry = _Entry(namespace, name, config, config.target(namespace), self._source_key(config, namespace, name),
-                           now, config.route_target(namespace))
+                           now, config.route_target(namespace), tag=tag)
             self._entries[key] = entry
             self.telemetry.objects.set(len(self._entries))
             self._pending.append(entry)
@@ -209,29 +274,7 @@ class Evaluator:
                 entry.evaluated.set()
 
     def _source_key(self, config: ScalerConfig, namespace: str = "", name: str = "") -> SourceKey:
-        """Metadata first, then the server's defaults, then pods discovered through Kubernetes."""
-        key = self._find_source(config, namespace, name)
-        if config.traffic_weight is not None and key[0] != "prometheus":
-            raise MetadataError([Problem("trafficWeight", f"{config.traffic_weight * 100:g}",
-                                         "only with a Prometheus source (prometheusAddress or --prometheus-url): "
-                                         f"the route is read through routeSelector's label matchers; this object "
-                                         f"would read {_describe(key)}")])
-        return key
-
-    def _find_source(self, config: ScalerConfig, namespace: str, name: str) -> SourceKey:
-        if config.scrape_targets:
-            return ("scrape", config.scrape_targets)
-        if config.prometheus_address:
-            return ("prometheus", self.prometheus_url or config.prometheus_address)
-        if self.scrape_targets:
-            return ("scrape", self.scrape_targets)
-        if self.prometheus_url:
-            return ("prometheus", self.prometheus_url)
-        if self.kube is not None:
-            return ("kube", (namespace, name))
-        raise MetadataError([Problem("prometheusAddress", None, "a Prometheus URL or scrapeTargets (this scaler runs "
-                                                                "without --prometheus-url, --scrape-targets and "
-                                                                "--kubernetes)")])
+        return source_key(config, self.prometheus_url, self.scrape_targets, self.kube is not None, namespace, name)
 
     def _source(self, key: SourceKey) -> SignalSource:
         with self._lock:
@@ -283,6 +326,8 @@ class Evaluator:
             LOG.info("dropping idle scaled object %s/%s", entry.namespace, entry.name)
             if (entry.namespace, entry.name) not in alive:  # its error series go too: names churn, labels must not
                 self.telemetry.forget_object(entry.namespace, entry.name)
+        if dropped and self.on_dropped is not None:
+            self.on_dropped(dropped)
         self._evaluate_round(entries)
         self.telemetry.evaluation_seconds.observe(time.perf_counter() - started)
 
@@ -303,20 +348,24 @@ class Evaluator:
         except Exception as exc:  # a source must not raise, but a broken one must not stop the others
             LOG.warning("source %s failed: %s: %s", key, type(exc).__name__, exc)
             results = {t: SourceError(f"source {key[0]} failed: {type(exc).__name__}: {exc}") for t in targets}
-        for entry in members:
-            try:
-                nothing = SourceError("the source returned nothing")
-                route = results.get(entry.route_target, nothing) if entry.route_target is not None else None
-                self._apply(entry, results.get(entry.target, nothing), route, now)
-            except Exception as exc:
-                LOG.exception("evaluating %s/%s failed", entry.namespace, entry.name)
-                self._fail(entry, f"evaluation failed: {type(exc).__name__}: {exc}", "internal")
-            finally:
-                entry.evaluated.set()
-            # a round is pure Python (~0.25 ms per object with an hour of history, benchmarks/bench_decide.py):
-            # without a yield it holds the GIL for a switch interval at a time, and every RPC arriving
-            # meanwhile waits (p99 15 ms over 1000 objects)
-            time.sleep(0)
+        try:
+            for entry in members:
+                try:
+                    nothing = SourceError("the source returned nothing")
+                    route = results.get(entry.route_target, nothing) if entry.route_target is not None else None
+                    self._apply(entry, results.get(entry.target, nothing), route, now)
+                except Exception as exc:
+                    LOG.exception("evaluating %s/%s failed", entry.namespace, entry.name)
+                    self._fail(entry, f"evaluation failed: {type(exc).__name__}: {exc}", "internal")
+                finally:
+                    entry.evaluated.set()
+                # a round is pure Python (~0.25 ms per object with an hour of history, benchmarks/bench_decide.py):
+                # without a yield it holds the GIL for a switch interval at a time, and every RPC arriving
+                # meanwhile waits (p99 15 ms over 1000 objects)
+                time.sleep(0)
+        finally:
+            if self.on_evaluated is not None:
+                self.on_evaluated(members)
 
     def _apply(self, entry: _Entry, result: Signals | SourceError, route: Signals | SourceError | None,
                now: float) -> None:

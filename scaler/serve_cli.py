@@ -50,6 +50,9 @@ FLAGS: tuple[tuple[str, Callable[[str], Any], Any, str], ...] = (
     ("--tls-cert", str, None, "server certificate (PEM); enables TLS"),
     ("--tls-key", str, None, "server private key (PEM)"),
     ("--tls-client-ca", str, None, "CA bundle (PEM) that client certificates must chain to; enables mTLS"),
+    ("--decision-process", boolean, True,
+     "compute decisions in a process of their own, so RPCs never wait behind an evaluation round; false keeps "
+     "them in the serving process"),
     ("--gil-switch-ms", number(Limit(0.05, 100.0), "milliseconds"), 0.5,
      "longest an RPC thread waits for the interpreter while the evaluator computes (Python's switch interval; "
      "Python's own default is 5)"),

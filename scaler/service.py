@@ -31,11 +31,12 @@ from grpc_reflection.v1alpha import reflection
 
 from scaler._proto import externalscaler_pb2 as pb
 from scaler._proto import externalscaler_pb2_grpc as pb_grpc
-from scaler.evaluator import Evaluator, TooManyObjects, Unavailable, default_source_factory
+from scaler.decision_process import DecisionProcess, DecisionSettings
+from scaler.evaluator import Decisions, Evaluator, TooManyObjects, Unavailable, default_source_factory
 from scaler.metadata import MetadataError, Problem
 from scaler.metadata_values import shorten
 from scaler.sources.prometheus_auth import PrometheusAuth
-from scaler.telemetry import Telemetry
+from scaler.telemetry import Telemetry, configure_logging
 
 LOG = logging.getLogger("leadscale.service")
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["ExternalScaler"].full_name
@@ -46,7 +47,7 @@ MAX_DETAILS_CHARS = 4096
 class ExternalScalerServicer(pb_grpc.ExternalScalerServicer):
     """KEDA's four RPCs; every answer comes from ``Evaluator`` memory."""
 
-    def __init__(self, evaluator: Evaluator, telemetry: Telemetry, stream_check_s: float = 1.0) -> None:
+    def __init__(self, evaluator: Decisions, telemetry: Telemetry, stream_check_s: float = 1.0) -> None:
         self.evaluator, self.telemetry, self.stream_check_s = evaluator, telemetry, stream_check_s
         self.stopping = threading.Event()
 
@@ -165,7 +166,7 @@ class RunningScaler:
         self.server.stop(grace_s).wait()
 
 
-def start_server(evaluator: Evaluator, telemetry: Telemetry, host: str = "127.0.0.1", port: int = 0,
+def start_server(evaluator: Decisions, telemetry: Telemetry, host: str = "127.0.0.1", port: int = 0,
                  max_workers: int = 256, tls: TlsFiles | None = None) -> RunningScaler:
     """Build and start the gRPC server: ExternalScaler, health and reflection on one port."""
     options: list[tuple[str, Any]] = [
@@ -198,17 +199,72 @@ def serve_forever(args: Any) -> int:
     ``args`` is ``serve_cli.resolve``'s namespace; embedders (the benchmark, the Kubernetes wiring) may
     add ``kube`` (a ``KubeObserver``) and ``source_factory`` attributes to it.
     """
-    from scaler.telemetry import JsonLines, serve_http
+    from scaler.telemetry import serve_http
 
-    # The evaluator computes decisions in Python threads while RPC threads wait for the interpreter lock;
-    # a waiting thread asks for it only after the switch interval (5 ms by default), which is then what a
-    # GetMetrics during a round costs. 0.5 ms keeps an answer from memory a memory read.
+    # Whatever else runs in this process (the evaluator without --decision-process, the metrics server, the
+    # decisions' receiver) holds the interpreter lock while RPC threads wait for it; a waiting thread asks
+    # for it only after the switch interval (5 ms by default). 0.5 ms keeps an answer from memory a memory read.
     sys.setswitchinterval(float(args.gil_switch_ms) / 1000.0)
-    handler = logging.StreamHandler()
-    handler.setFormatter(JsonLines() if args.log_format == "json" else
-                         logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
-    logging.basicConfig(level=str(args.log_level).upper(), handlers=[handler], force=True)
+    configure_logging(args.log_level, args.log_format)
     telemetry = Telemetry()
+    evaluator: Decisions
+    if getattr(args, "decision_process", False):
+        if getattr(args, "kube", None) is not None:
+            LOG.error("cannot start: an embedded Kubernetes observer runs only with --decision-process false")
+            return 1
+        decisions = DecisionProcess(DecisionSettings.from_args(args), telemetry)
+        try:
+            decisions.start()
+        except RuntimeError as exc:
+            LOG.error("cannot start: %s", exc)
+            return 1
+        evaluator, kube = decisions, None
+    else:
+        built = _in_process_evaluator(args, telemetry)
+        if built is None:
+            return 1
+        evaluator, kube = built
+    tls = TlsFiles(args.tls_cert, args.tls_key, args.tls_client_ca) if args.tls_cert else None
+    try:
+        running = start_server(evaluator, telemetry, args.host, args.port, args.max_workers, tls)
+    except (OSError, ValueError, RuntimeError) as exc:
+        LOG.error("cannot start the gRPC server: %s", exc)
+        evaluator.stop()
+        return 1
+    metrics_host = getattr(args, "metrics_host", None) or args.host
+    try:
+        http = serve_http(telemetry, evaluator.snapshot, metrics_host, args.metrics_port)
+    except OSError as exc:
+        LOG.error("cannot start the metrics server on %s:%d: %s", metrics_host, args.metrics_port, exc)
+        running.stop(0)
+        evaluator.stop()
+        return 1
+    evaluator.start()
+    LOG.info("serving ExternalScaler on %s:%d (%s), metrics on %s:%d; decisions %s", args.host, running.port,
+             "mTLS" if tls and tls.client_ca else "TLS" if tls else "plaintext", metrics_host,
+             http.server_address[1], "in a process of their own" if isinstance(evaluator, DecisionProcess)
+             else "in this process")
+    done = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: done.set())
+    code = 0
+    while not done.wait(1.0):  # a timed wait keeps the main thread responsive to signals
+        if evaluator.failed.is_set():
+            LOG.error("stopping: the decision process is gone, so no answer would stay fresh")
+            code = 1
+            break
+    LOG.info("shutting down")
+    running.stop()
+    evaluator.stop()
+    http.shutdown()
+    if kube is not None and hasattr(kube, "close"):
+        kube.close()
+    return code
+
+
+def _in_process_evaluator(args: Any, telemetry: Telemetry) -> tuple[Evaluator, Any] | None:
+    """The evaluator and Kubernetes observer in this process (``--decision-process false``); None after
+    logging why they cannot start."""
     kube = getattr(args, "kube", None)
     if kube is None and args.kubernetes:
         from scaler.sources.kube import KubeObserver
@@ -217,46 +273,18 @@ def serve_forever(args: Any) -> int:
             kube = KubeObserver(deletion_cost=bool(args.deletion_cost))
         except Exception as exc:  # no in-cluster config and no kubeconfig, RBAC, ...
             LOG.error("--kubernetes: cannot reach the Kubernetes API: %s: %s", type(exc).__name__, exc)
-            return 1
+            return None
     scrape = tuple(u.strip() for u in (args.scrape_targets or "").split(",") if u.strip())
     try:
         auth = PrometheusAuth.from_flags(getattr(args, "prometheus_auth_modes", None),
                                          getattr(args, "prometheus_auth_dir", None))
     except ValueError as exc:
         LOG.error("cannot start: %s", exc)
-        return 1
+        return None
     own = ("prometheus", (args.prometheus_url or "").rstrip("/"))
     evaluator = Evaluator(prometheus_url=args.prometheus_url, scrape_targets=scrape, interval_s=args.interval,
                           staleness_limit_s=args.staleness_limit, idle_timeout_s=args.idle_timeout,
                           telemetry=telemetry, kube=kube, max_objects=args.max_objects,
                           source_factory=getattr(args, "source_factory", None) or (
                               lambda key: default_source_factory(key, auth if key == own else None)))
-    tls = TlsFiles(args.tls_cert, args.tls_key, args.tls_client_ca) if args.tls_cert else None
-    try:
-        running = start_server(evaluator, telemetry, args.host, args.port, args.max_workers, tls)
-    except (OSError, ValueError, RuntimeError) as exc:
-        LOG.error("cannot start the gRPC server: %s", exc)
-        return 1
-    metrics_host = getattr(args, "metrics_host", None) or args.host
-    try:
-        http = serve_http(telemetry, evaluator.snapshot, metrics_host, args.metrics_port)
-    except OSError as exc:
-        LOG.error("cannot start the metrics server on %s:%d: %s", metrics_host, args.metrics_port, exc)
-        running.stop(0)
-        return 1
-    evaluator.start()
-    LOG.info("serving ExternalScaler on %s:%d (%s), metrics on %s:%d", args.host, running.port,
-             "mTLS" if tls and tls.client_ca else "TLS" if tls else "plaintext", metrics_host,
-             http.server_address[1])
-    done = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: done.set())
-    while not done.wait(1.0):  # a timed wait keeps the main thread responsive to signals
-        pass
-    LOG.info("shutting down")
-    running.stop()
-    evaluator.stop()
-    http.shutdown()
-    if kube is not None and hasattr(kube, "close"):
-        kube.close()
-    return 0
+    return evaluator, kube

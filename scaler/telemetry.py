@@ -19,7 +19,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 DECISION_LOG = logging.getLogger("leadscale.decisions")
@@ -62,6 +62,16 @@ class DecisionCollector(Collector):
         yield from (desired, active, age, term)
 
 
+class _Delegated(Collector):
+    """Families collected elsewhere, yielded as they come (no ``describe``: nothing is asked at registration)."""
+
+    def __init__(self, families: Callable[[], list[Metric]]) -> None:
+        self.families = families
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self.families()
+
+
 class Telemetry:
     """Metrics of one scaler process; ``Telemetry().registry`` is what ``/metrics`` serves."""
 
@@ -82,6 +92,18 @@ class Telemetry:
         self._rpc_children: dict[str, Any] = {}
         self._failure_reasons: dict[tuple[str, str], set[str]] = {}
         self._failure_lock = threading.Lock()
+
+    def evaluator_families(self) -> list[Metric]:
+        """The evaluator's own metrics as collected now (the decision process sends them to the serving one)."""
+        return [family for metric in (self.evaluation_errors, self.objects, self.evaluation_seconds)
+                for family in metric.collect()]
+
+    def delegate_evaluator_metrics(self, families: Callable[[], list[Metric]]) -> None:
+        """Serve the evaluator metrics another process keeps (``families()`` at scrape time) instead of this
+        one's, which stay empty when the decisions are computed elsewhere."""
+        for metric in (self.evaluation_errors, self.objects, self.evaluation_seconds):
+            self.registry.unregister(metric)
+        self.registry.register(_Delegated(families))
 
     def watch(self, snapshot: Callable[[], list[dict[str, Any]]]) -> None:
         """Export the decisions ``snapshot()`` lists (called at scrape time); once per Telemetry."""
@@ -135,6 +157,15 @@ class JsonLines(logging.Formatter):
         return json.dumps(line, sort_keys=False, default=str)
 
 
+def configure_logging(level: str, log_format: str) -> None:
+    """``leadscale serve``'s logging, the same in the serving and the decision process: ``text`` lines or
+    ``json`` objects (``JsonLines``) on stderr at ``level``."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(JsonLines() if log_format == "json" else
+                         logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+    logging.basicConfig(level=str(level).upper(), handlers=[handler], force=True)
+
+
 def serve_http(telemetry: Telemetry, decisions: Callable[[], list[dict[str, Any]]], host: str,
                port: int) -> ThreadingHTTPServer:
     """Start ``/metrics`` and ``/decisions`` on a daemon thread; ``server.server_address`` has the port."""
@@ -142,14 +173,18 @@ def serve_http(telemetry: Telemetry, decisions: Callable[[], list[dict[str, Any]
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             path = self.path.split("?", 1)[0]
-            if path == "/metrics":
-                body, kind = generate_latest(telemetry.registry), CONTENT_TYPE_LATEST
-            elif path == "/decisions":
-                body, kind = json.dumps(decisions(), indent=1, sort_keys=True).encode(), "application/json"
-            elif path in ("/", "/healthz"):
-                body, kind = b"leadscale: /metrics /decisions\n", "text/plain"
-            else:
-                self.send_error(404, "not found: try /metrics or /decisions")
+            try:
+                if path == "/metrics":
+                    body, kind = generate_latest(telemetry.registry), CONTENT_TYPE_LATEST
+                elif path == "/decisions":
+                    body, kind = json.dumps(decisions(), indent=1, sort_keys=True).encode(), "application/json"
+                elif path in ("/", "/healthz"):
+                    body, kind = b"leadscale: /metrics /decisions\n", "text/plain"
+                else:
+                    self.send_error(404, "not found: try /metrics or /decisions")
+                    return
+            except RuntimeError as exc:  # the decision process did not answer: say so, serve nothing stale
+                self.send_error(503, f"{path}: {exc}")
                 return
             self.send_response(200)
             self.send_header("Content-Type", kind)
