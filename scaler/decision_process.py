@@ -297,7 +297,8 @@ class DecisionProcess:
                 continue
             before = mirror.answer
             mirror.answer = (desired, active, data_at, error)
-            mirror.evaluated.set()
+            if not mirror.evaluated.is_set():  # set() takes a lock even when set: once per object, not per round
+                mirror.evaluated.set()
             moved = moved or (desired is not None and (before[0], before[1]) != (desired, active))
         if moved:
             with self.changed:
