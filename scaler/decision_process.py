@@ -131,6 +131,7 @@ class DecisionProcess:
         self._lock = threading.Lock()
         self._send_lock = threading.Lock()
         self._touched: set[int] = set()
+        self._touch_lock = threading.Lock()
         self._oids = itertools.count(1)
         self._replies: dict[int, list[Any]] = {}
         self._reply_ready = threading.Condition()
@@ -193,7 +194,8 @@ class DecisionProcess:
         if mirror is None:
             mirror = self._register(key, namespace, name, metadata)
         else:
-            self._touched.add(mirror.oid)
+            with self._touch_lock:  # not lost to the swap in _touch_loop
+                self._touched.add(mirror.oid)
         if not mirror.evaluated.wait(self.first_call_timeout_s):
             raise Unavailable(f"{namespace}/{name}: first evaluation still running after "
                               f"{self.first_call_timeout_s:g} s; retry shortly")
@@ -252,7 +254,8 @@ class DecisionProcess:
     def _touch_loop(self) -> None:
         """Tell the child which objects were asked about, once a second (its idle dropping counts on it)."""
         while not self._stopping.wait(TOUCH_EVERY_S):
-            touched, self._touched = self._touched, set()
+            with self._touch_lock:
+                touched, self._touched = self._touched, set()
             if touched:
                 try:
                     self._send(("touch", sorted(touched)))
