@@ -204,7 +204,7 @@ class DecisionProcess:
         desired, active, data_at, error = mirror.answer
         now = time.time()
         age = now - data_at
-        if desired is None or active is None or age > self.settings.staleness_limit_s:
+        if desired is None or active is None or not evaluation.is_fresh(data_at, now, self.settings.staleness_limit_s):
             why = error or ("the decision process has exited" if self.failed.is_set() else f"data is {age:.0f} s old")
             raise Unavailable(f"{namespace}/{name}: no fresh signal within the staleness limit "
                               f"({self.settings.staleness_limit_s:g} s): {why}")

@@ -111,6 +111,12 @@ def step(config: ScalerConfig, held: Held, signals: Signals, now: float, bounds:
 
 def fresh(held: Held, now: float, staleness_limit_s: float) -> policy.Decision | None:
     """The decision an RPC may answer with now; None: UNAVAILABLE (none yet, or its data is too old)."""
-    if held.decision is None or now - held.data_at > staleness_limit_s:
+    if held.decision is None or not is_fresh(held.data_at, now, staleness_limit_s):
         return None
     return held.decision
+
+
+def is_fresh(data_at: float, now: float, staleness_limit_s: float) -> bool:
+    """Whether a decision made on data from ``data_at`` may still be answered at ``now`` (the one rule, also
+    for the decision process's mirrored answers)."""
+    return now - data_at <= staleness_limit_s
