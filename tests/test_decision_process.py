@@ -161,3 +161,27 @@ def test_serve_exits_when_its_decision_process_dies(tmp_path: Path) -> None:
         child.kill()
         assert scaler.proc.wait(timeout=20) == 1
         assert "the decision process exited" in scaler.log()
+
+
+def test_an_object_asked_again_under_a_new_id_is_answered_at_once(load_file: Path) -> None:
+    """The child's side of an ask, in this process: a known, evaluated object asked under a new id (the
+    serving side forgot it) is answered now, not a round later, and only the new id is kept."""
+    from scaler.decision_process import _ask
+
+    sent: list[tuple[object, ...]] = []
+    entries: dict[int, object] = {}
+    here = Evaluator(prometheus_url="http://127.0.0.1:9", source_factory=FileSourceFactory(str(load_file)),
+                     telemetry=Telemetry())
+    try:
+        _ask(here, entries, sent.append, 1, "llm", "chat", META)  # type: ignore[arg-type]
+        assert entries[1].evaluated.wait(5)  # type: ignore[attr-defined]
+        sent.clear()
+        _ask(here, entries, sent.append, 7, "llm", "chat", META)  # type: ignore[arg-type]
+        assert list(entries) == [7]
+        ((kind, rows),) = sent
+        assert kind == "update" and rows[0][0] == 7 and rows[0][1] == here.lookup("llm", "chat", META).desired_replicas
+        _ask(here, entries, sent.append, 8, "llm", "bad", {**META, "maxNumSeqs": "many"})  # type: ignore[arg-type]
+        assert sent[-1][:3] == ("refused", 8, "metadata") and "maxNumSeqs" in str(sent[-1][3])
+        assert 8 not in entries
+    finally:
+        here.stop()
