@@ -212,6 +212,8 @@ class DecisionProcess:
 
     def _register(self, key: ObjectKey, namespace: str, name: str, metadata: Mapping[str, str]) -> _Mirror:
         config = self.config(metadata)
+        if self.failed.is_set():  # nothing would ever evaluate it
+            raise Unavailable(f"{namespace}/{name}: the decision process has exited; the scaler is restarting")
         with self._lock:
             mirror = self._mirrors.get(key)
             if mirror is not None:

@@ -122,6 +122,8 @@ def test_a_dead_child_is_never_answered_for(load_file: Path) -> None:
             process.lookup("llm", "chat", META)
         with pytest.raises(RuntimeError, match="exited"):
             process.snapshot()
+        with pytest.raises(Unavailable, match="decision process has exited"):  # a new object, too
+            process.lookup("llm", "new", META)
     finally:
         process.stop()
 
