@@ -1,4 +1,5 @@
-"""The KEDA ``ExternalScaler`` gRPC service: a thin layer over the evaluator's cached decisions.
+"""The KEDA ``ExternalScaler`` gRPC service: a thin layer over the cached decisions (``scaler.decision_process``
+mirrors them from the process that computes them; ``--decision-process false``: the evaluator here).
 
 ``GetMetricSpec`` is constant per object (target 1, AverageValue: the metric value *is* the desired
 replica count; KEDA writes the HPA target only on reconcile). ``GetMetrics`` returns desired
@@ -45,7 +46,7 @@ MAX_DETAILS_CHARS = 4096
 
 
 class ExternalScalerServicer(pb_grpc.ExternalScalerServicer):
-    """KEDA's four RPCs; every answer comes from ``Evaluator`` memory."""
+    """KEDA's four RPCs; every answer comes from memory (an ``Evaluator``'s, or the ``DecisionProcess``'s mirror)."""
 
     def __init__(self, evaluator: Decisions, telemetry: Telemetry, stream_check_s: float = 1.0) -> None:
         self.evaluator, self.telemetry, self.stream_check_s = evaluator, telemetry, stream_check_s
