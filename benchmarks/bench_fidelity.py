@@ -9,7 +9,7 @@ What it does, per scheduler setting (``--settings``; default ``8x512`` = ``--max
    trace's length mix; the knee is the highest rate whose p90 TTFT meets ``--capacity-slo``);
 3. replays four disjoint slices of a shared ShareGPT trace (``--requests`` each, arrivals rescaled
    with ``--time-scale``): slice 0 at 90 % of capacity for calibration, slices 1-3 at 50 %, 90 % and
-   130 % for checking;
+   130 % for checking (with ``--engine in-process``, 130 % of the engine's saturation rate: ``OVERLOAD``);
 4. ``leadscale calibrate`` fits the step-time model on slice 0; each check slice is then simulated
    with that profile (the requests' real send times and token counts) and compared.
 
@@ -53,6 +53,12 @@ NOISY_STEPS = 0.10
 """A calibration slice whose steps scatter more than this (|relative residual| p50) around the fit ran on a busy
 machine: idle runs here scatter 5-10 %, a run beside a busy host 14-15 % (docs/real-vllm.md)."""
 LOADS = (("calibration", 0.9), ("50 %", 0.5), ("90 %", 0.9), ("130 %", 1.3))
+OVERLOAD = "130 %"
+"""With ``--engine in-process`` this load is a share of the engine's *saturation* rate, not of the TTFT knee: on
+this engine a knee set by TTFT sits below the throughput at which a queue builds, and 130 % of it held at most
+2-5 waiting requests in every run (docs/real-vllm.md), which is not an overload."""
+SATURATED_GROWTH = 1.1
+"""Past the knee the sweep stops once a 1.4x step in rate raised the output tokens/s by less than this factor."""
 METRICS = ("ttft_p50", "ttft_p95", "itl_p50", "e2e_p50", "e2e_p95", "output_tokens_per_s", "max_waiting")
 ENGINE = {"ttft_p50": ("vllm:time_to_first_token_seconds", 0.5), "ttft_p95": ("vllm:time_to_first_token_seconds", 0.95),
           "itl_p50": ("vllm:inter_token_latency_seconds", 0.5), "e2e_p50": ("vllm:e2e_request_latency_seconds", 0.5),
@@ -171,25 +177,53 @@ def run_setting(setting: str, args: argparse.Namespace, root: Path) -> dict[str,
     return table
 
 
-def engine_capacity_rps(engine: Any, trace: Any, n: int, slo_s: float, start_rate: float, out: Path) -> float:
-    """The knee measured on the in-process engine: the trace's own first ``n`` requests (its arrivals, scaled) at rates
-    ``start_rate`` x 1.4^k, the highest whose engine-side p90 TTFT is within ``slo_s`` (stops at the first miss)."""
-    rows, rate, knee = [], start_rate, 0.0
+def engine_capacity_rps(engine: Any, trace: Any, n: int, slo_s: float, start_rate: float,
+                        out: Path) -> tuple[float, float]:
+    """The knee and the saturation rate measured on the in-process engine, from the trace's own first ``n``
+    requests (its arrivals, scaled) at rates ``start_rate`` x 1.4^k.
+
+    The knee is the highest rate below the first whose engine-side p90 TTFT misses ``slo_s``. Past it the sweep
+    goes on until the output tokens/s stops growing (``saturated_rps``); the saturation rate is the request rate
+    at the most output tokens/s reached: beyond it a queue builds whatever the TTFT target."""
+    rows: list[dict[str, float]] = []
+    rate, knee, missed = start_rate, 0.0, False
     gaps = np.asarray(trace.arrival_s[:n], dtype=float) - float(trace.arrival_s[0])
     for _ in range(12):
         run = engine.run(gaps * TRACE_RATE / rate, trace.input_tokens[:n], trace.output_tokens[:n])
         ttft = run.first - run.queued
         p90 = float(np.percentile(ttft[np.isfinite(ttft)], 90))
         rows.append({"rate": rate, "ttft_p90": p90, "output_tokens_per_s": run.metrics()["output_tokens_per_s"]})
-        print(f"[capacity] {rate:.2f} req/s: engine p90 TTFT {p90:.3f} s", file=sys.stderr)
-        if p90 > slo_s:
+        print(f"[capacity] {rate:.2f} req/s: engine p90 TTFT {p90:.3f} s, {rows[-1]['output_tokens_per_s']:.0f} "
+              "output tokens/s", file=sys.stderr)
+        missed = missed or p90 > slo_s
+        if not missed:
+            knee = rate
+        elif saturated(rows):
             break
-        knee, rate = rate, rate * 1.4
+        rate *= 1.4
+    saturation = saturated_rps(rows, float(np.mean(trace.output_tokens[:n])))
     out.mkdir(parents=True, exist_ok=True)
-    (out / "capacity.json").write_text(json.dumps({"knee": knee, "slo_s": slo_s, "steps": rows}, indent=1))
+    (out / "capacity.json").write_text(json.dumps({"knee": knee, "slo_s": slo_s, "saturation": saturation,
+                                                   "saturated": saturated(rows), "steps": rows}, indent=1))
     if knee <= 0:
         raise SystemExit(f"capacity: {start_rate:g} req/s already misses p90 TTFT <= {slo_s} s; lower --start-rate")
-    return knee
+    if not saturated(rows):
+        print(f"[capacity] WARNING: output tokens/s still grew at {rows[-1]['rate']:.2f} req/s; the overload slice "
+              f"runs at 130 % of {saturation:.2f} req/s, which may not be past saturation", file=sys.stderr)
+    return knee, saturation
+
+
+def saturated(rows: list[dict[str, float]]) -> bool:
+    """The last step in rate no longer raised the output tokens/s by ``SATURATED_GROWTH``."""
+    return len(rows) >= 2 and rows[-1]["output_tokens_per_s"] < SATURATED_GROWTH * rows[-2]["output_tokens_per_s"]
+
+
+def saturated_rps(rows: list[dict[str, float]], mean_output_tokens: float) -> float:
+    """The request rate at the most output tokens/s the sweep reached (that throughput over the sweep requests'
+    mean output length)."""
+    if not (mean_output_tokens > 0):
+        raise ValueError(f"mean_output_tokens={mean_output_tokens!r}: must be > 0")
+    return max(r["output_tokens_per_s"] for r in rows) / mean_output_tokens
 
 
 def run_setting_in_process(setting: str, args: argparse.Namespace, root: Path) -> dict[str, Any]:
@@ -208,25 +242,28 @@ def run_setting_in_process(setting: str, args: argparse.Namespace, root: Path) -
     trace = load_trace(TRACE)
     n = args.requests
     engine.run(np.linspace(0.0, 1.0, 8), trace.input_tokens[:8], trace.output_tokens[:8])  # warm-up
-    capacity = engine_capacity_rps(engine, trace, n, args.engine_capacity_slo, args.start_rate, out / "capacity")
+    capacity, saturation = engine_capacity_rps(engine, trace, n, args.engine_capacity_slo, args.start_rate,
+                                               out / "capacity")
 
-    def replay_slice(i: int, load: float, seed: int) -> Any:
-        """Slice ``i`` of the trace (``n`` requests, its own arrivals) sent at ``load`` x capacity."""
+    def rate_of(label: str, load: float) -> float:
+        return load * (saturation if label == OVERLOAD else capacity)
+
+    def replay_slice(i: int, rate: float, seed: int) -> Any:
+        """Slice ``i`` of the trace (``n`` requests, its own arrivals) sent at ``rate`` requests/s."""
         rows = slice(i * n, (i + 1) * n)
         gaps = np.asarray(trace.arrival_s[rows], dtype=float) - float(trace.arrival_s[rows][0])
-        return engine.run(gaps * TRACE_RATE / (load * capacity), trace.input_tokens[rows], trace.output_tokens[rows],
-                          seed=seed)
+        return engine.run(gaps * TRACE_RATE / rate, trace.input_tokens[rows], trace.output_tokens[rows], seed=seed)
 
     replays = []
     for i, (label, load) in enumerate(LOADS):
-        run = replay_slice(i, load, seed=i + 1)
+        run = replay_slice(i, rate_of(label, load), seed=i + 1)
         replays.append((engine.write_replay(run, out / f"slice{i}"), run))
-        print(f"[{setting} in-process] slice {i} ({label}) at {load * capacity:.2f} req/s: "
+        print(f"[{setting} in-process] slice {i} ({label}) at {rate_of(label, load):.2f} req/s: "
               f"{int(run.preemptions.sum())} preemptions, most waiting {run.max_waiting}", file=sys.stderr)
     repeats: dict[str, list[dict[str, float | None]]] = {label: [] for label, _ in LOADS}
     for r in range(1, args.repeats):  # the check slices again, same requests and arrivals, after all the first runs
         for i, (label, load) in enumerate(LOADS[1:], start=1):
-            again = replay_slice(i, load, seed=100 * r + i + 1)
+            again = replay_slice(i, rate_of(label, load), seed=100 * r + i + 1)
             engine.write_replay(again, out / f"slice{i}-repeat{r}")
             repeats[label].append(again.metrics())
     profiles = {}
@@ -246,7 +283,8 @@ def run_setting_in_process(setting: str, args: argparse.Namespace, root: Path) -
               "machine, not the simulator. Rerun on an idle machine.", file=sys.stderr)
     tables = []
     for name, prof in ((setting, profile), (f"{setting}, step fit", stepped)):
-        table: dict[str, Any] = {"setting": name, "engine": "in-process", "capacity_rps": capacity, "loads": {}}
+        table: dict[str, Any] = {"setting": name, "engine": "in-process", "capacity_rps": capacity,
+                                 "saturation_rps": saturation, "loads": {}}
         for (label, load), (replay, run) in zip(LOADS, replays, strict=True):
             first = run.metrics()
             real = {k: (v, None) for k, v in first.items()}  # the engine's own: no second reading
@@ -297,8 +335,10 @@ def print_one(table: dict[str, Any]) -> None:
     loads = [k for k in table["loads"] if k != "calibration"]
     where = ("vLLM's engine in this process, its per-request timestamps" if table.get("engine") == "in-process"
              else "a vLLM server: client-side [engine histograms]")
+    overload = (f" ({OVERLOAD} of the saturation rate, {table['saturation_rps']:.2f} req/s)"
+                if "saturation_rps" in table else "")
     print(f"\n### `--max-num-seqs {table['setting'].replace('x', ' --max-num-batched-tokens ')}`, {where}: capacity "
-          f"{table['capacity_rps']:.2f} req/s; calibrated on a slice at 90 %\n")
+          f"{table['capacity_rps']:.2f} req/s{overload}; calibrated on a slice at 90 %\n")
     retests = any(m.get("retest") is not None for k in loads for m in table["loads"][k]["metrics"].values())
     retest_head = " | real's retest" if retests else ""
     print("| metric | " + " | ".join(f"{k} real [engine] | sim | error [vs engine]{retest_head}" for k in loads) + " |")

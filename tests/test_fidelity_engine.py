@@ -90,3 +90,54 @@ def test_the_retest_spread_is_the_largest_move_of_a_repeat_from_the_first_run() 
     assert spread["max_waiting"] is None  # no relative move from a first run of 0
     row = bench.load_row(0.5, {k: (v, None) for k, v in first.items()}, dict(first), spread)
     assert row["metrics"]["ttft_p50"]["retest"] == pytest.approx(0.2) and row["metrics"]["ttft_p50"]["error"] == 0.0
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("bench_fidelity", ROOT / "benchmarks" / "bench_fidelity.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
+
+
+class _SaturatingEngine:
+    """An engine that serves at most ``cap_rps`` requests/s of ``out`` output tokens each; its p90 TTFT passes
+    ``slo`` from ``knee_rps`` on, well before it saturates (as the CPU build's does)."""
+
+    def __init__(self, knee_rps: float, cap_rps: float, out: int) -> None:
+        self.knee_rps, self.cap_rps, self.out = knee_rps, cap_rps, out
+        self.rates: list[float] = []
+
+    def run(self, arrivals, prompts, outputs):
+        rate = (len(arrivals) - 1) / float(arrivals[-1] - arrivals[0])
+        self.rates.append(rate)
+        ttft = 0.05 if rate <= self.knee_rps else 2.0
+        tps = min(rate, self.cap_rps) * self.out
+
+        class Run:
+            queued = np.zeros(len(arrivals))
+            first = np.full(len(arrivals), ttft)
+
+            def metrics(self):
+                return {"output_tokens_per_s": tps}
+
+        return Run()
+
+
+def test_the_overload_rate_comes_from_the_saturation_not_the_ttft_knee(tmp_path: Path) -> None:
+    """130 % of a TTFT knee held 2-5 waiting on the real engine: the sweep goes on past the knee until the output
+    tokens/s stops growing, and the overload load is a share of that rate."""
+    bench = _bench()
+
+    class Trace:
+        arrival_s = np.arange(40, dtype=float) / bench.TRACE_RATE  # the trace's own pace: 10 req/s
+        input_tokens = np.full(40, 100)
+        output_tokens = np.full(40, 50)
+
+    engine = _SaturatingEngine(knee_rps=2.0, cap_rps=3.5, out=50)
+    knee, saturation = bench.engine_capacity_rps(engine, Trace(), 40, 1.0, 0.6, tmp_path)
+    assert knee == pytest.approx(0.6 * 1.4 ** 3)  # 1.65: the last rate within the TTFT target
+    assert saturation == pytest.approx(3.5)  # the throughput's plateau, in requests/s
+    assert engine.rates[-1] > 3.5 and len(engine.rates) == 7  # one step past the plateau, then stop
+    assert bench.OVERLOAD in dict(bench.LOADS)
+    with pytest.raises(ValueError, match="mean_output_tokens"):
+        bench.saturated_rps([{"output_tokens_per_s": 1.0}], 0.0)
