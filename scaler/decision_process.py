@@ -369,7 +369,10 @@ def _build_evaluator(settings: DecisionSettings, send: Callable[[tuple[Any, ...]
 def child_main(settings: DecisionSettings, commands: Connection, updates: Connection) -> None:
     """The decision process: an ``Evaluator`` driven by the serving process's messages until it says stop
     or goes away (its pipe closes)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group; the serving side stops us
+    # Ctrl-C and a process group's SIGTERM (timeout(1), a shell) reach us too: the serving process stops us
+    # with a message, and its death closes our pipe
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     sys.setswitchinterval(settings.gil_switch_ms / 1000.0)  # queries wait on rounds too
     configure_logging(settings.log_level, settings.log_format)
     send_lock = threading.Lock()

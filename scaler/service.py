@@ -245,15 +245,19 @@ def serve_forever(args: Any) -> int:
              "mTLS" if tls and tls.client_ca else "TLS" if tls else "plaintext", metrics_host,
              http.server_address[1], "in a process of their own" if isinstance(evaluator, DecisionProcess)
              else "in this process")
-    done = threading.Event()
+    # A handler runs between two bytecodes of the main thread, possibly inside a lock the main thread holds
+    # (an Event's, the log handler's), and a second signal can land inside the first handler: it only
+    # appends to a list, which takes no lock. (Setting an Event here deadlocked on a process group's SIGTERMs.)
+    signals_seen: list[int] = []
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: done.set())
+        signal.signal(sig, lambda signum, _frame: signals_seen.append(signum))
     code = 0
-    while not done.wait(1.0):  # a timed wait keeps the main thread responsive to signals
+    while not signals_seen:
         if evaluator.failed.is_set():
             LOG.error("stopping: the decision process is gone, so no answer would stay fresh")
             code = 1
             break
+        time.sleep(0.2)
     LOG.info("shutting down")
     running.stop()
     evaluator.stop()

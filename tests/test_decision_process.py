@@ -187,3 +187,36 @@ def test_an_object_asked_again_under_a_new_id_is_answered_at_once(load_file: Pat
         assert 8 not in entries
     finally:
         here.stop()
+
+
+@pytest.mark.slow
+def test_serve_stops_cleanly_when_its_whole_group_gets_sigterm_again_and_again(tmp_path: Path) -> None:
+    """timeout(1) and shells signal the whole process group, the decision process included, and often more than
+    once: serve still stops, exit 0, and stops its child itself (the child ignores the group's SIGTERM, so it is
+    never lost mid-answer; serve's handler takes no lock: one that set an Event deadlocked when signals nested)."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    log = tmp_path / "serve.log"
+    with log.open("wb") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "leadscale", "serve", "--host", "127.0.0.1", "--port", "0",
+                                 "--metrics-port", "0", "--prometheus-url", "http://127.0.0.1:9"], cwd=ROOT,
+                                stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while "serving ExternalScaler" not in log.read_text(errors="replace"):
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text(errors="replace")[-2000:]
+            time.sleep(0.05)
+        family = [proc.pid, *(c.pid for c in psutil.Process(proc.pid).children(recursive=True))]
+        for _ in range(5):
+            os.killpg(proc.pid, signal.SIGTERM)
+            time.sleep(0.01)
+        assert proc.wait(timeout=30) == 0, log.read_text(errors="replace")[-2000:]
+        time.sleep(1)
+        assert not [p for p in family if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+        assert "decision process exited" not in log.read_text(errors="replace")  # it was stopped, not lost
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
