@@ -188,8 +188,13 @@ def engine_capacity_rps(engine: Any, trace: Any, n: int, slo_s: float, start_rat
     rows: list[dict[str, float]] = []
     rate, knee, missed = start_rate, 0.0, False
     gaps = np.asarray(trace.arrival_s[:n], dtype=float) - float(trace.arrival_s[0])
-    for _ in range(12):
+    out.mkdir(parents=True, exist_ok=True)
+    for k in range(12):
         run = engine.run(gaps * TRACE_RATE / rate, trace.input_tokens[:n], trace.output_tokens[:n])
+        if getattr(run, "steps", None) is not None and len(run.steps):
+            from simulator.step_log import write_steps
+
+            write_steps(out / f"steps-{k:02d}.csv", run.steps)  # the calibration slice's requests, at this rate
         ttft = run.first - run.queued
         p90 = float(np.percentile(ttft[np.isfinite(ttft)], 90))
         rows.append({"rate": rate, "ttft_p90": p90, "output_tokens_per_s": run.metrics()["output_tokens_per_s"]})
@@ -202,7 +207,6 @@ def engine_capacity_rps(engine: Any, trace: Any, n: int, slo_s: float, start_rat
             break
         rate *= 1.4
     saturation = saturated_rps(rows, float(np.mean(trace.output_tokens[:n])))
-    out.mkdir(parents=True, exist_ok=True)
     (out / "capacity.json").write_text(json.dumps({"knee": knee, "slo_s": slo_s, "saturation": saturation,
                                                    "saturated": saturated(rows), "steps": rows}, indent=1))
     if knee <= 0:
@@ -267,15 +271,19 @@ def run_setting_in_process(setting: str, args: argparse.Namespace, root: Path) -
             engine.write_replay(again, out / f"slice{i}-repeat{r}")
             repeats[label].append(again.metrics())
     profiles = {}
+    # the sweep replayed the calibration slice's own requests up to saturation: its steps hold the busy batches
+    sweep_steps = sorted((out / "capacity").glob("steps-*.csv")) if args.fit_sweep_steps else []
     for method in ("outcomes", "steps"):  # the outcome fit any replay allows, and the fit on the timed steps
         profiles[method] = out / f"calibrated-{method}.yaml"
+        pooled = [arg for path in sweep_steps for arg in ("--steps", str(path))] if method == "steps" else []
         leadscale(["calibrate", "--replay", str(replays[0][0]), "--out", str(profiles[method]), "--max-num-seqs",
-                   str(seqs), "--max-num-batched-tokens", str(budget), "--step-time", method])
+                   str(seqs), "--max-num-batched-tokens", str(budget), "--step-time", method, *pooled])
     profile = get_profile(str(profiles["outcomes"]))
     stepped = get_profile(str(profiles["steps"]))
-    from simulator.step_log import fit_step_time
+    from simulator.step_log import fit_step_time, read_steps
 
-    step_model, residuals = fit_step_time(replays[0][1].steps)  # (the same fit calibrate made, for the table)
+    # (the same fit calibrate made, for the table)
+    step_model, residuals = fit_step_time(np.concatenate([replays[0][1].steps, *map(read_steps, sweep_steps)]))
     print(f"[{setting} in-process] step fit {step_model.to_dict()}: residuals {residuals.describe()}", file=sys.stderr)
     if residuals.abs_rel_p50 > NOISY_STEPS:
         print(f"[{setting} in-process] WARNING: the calibration slice's steps scatter {residuals.abs_rel_p50:.0%} "
@@ -370,6 +378,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=1,
                         help="with --engine in-process: replay each check slice this many times in all (the same "
                              "requests and arrivals) and print the real engine's retest spread beside each error")
+    parser.add_argument("--fit-sweep-steps", action="store_true",
+                        help="with --engine in-process: fit the step time on the capacity sweep's timed steps too "
+                             "(the calibration slice's own requests at every rate up to saturation), so the busy "
+                             "batches of an overload are measured, not extrapolated")
     parser.add_argument("--out", type=Path, default=None, help="keep the replays and profiles here")
     parser.add_argument("--json", type=Path, default=None, help="also write the tables here")
     args = parser.parse_args(argv)

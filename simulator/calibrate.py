@@ -25,8 +25,10 @@ engine mean TTFT) in the profile's ``source`` and in the table; the fit absorbs 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -111,6 +113,16 @@ def load_replay(path: str | Path) -> Measured:
                     max_step_tokens=int(finite[0]) if finite.size else None, model=str(info.get("model", "")),
                     max_model_len=int(info.get("max_model_len") or 4096),
                     steps=read_steps(path / STEPS_FILE) if (path / STEPS_FILE).is_file() else None)
+
+
+def with_steps(measured: Measured, paths: Sequence[str | Path]) -> Measured:
+    """``measured`` with the timed steps in ``paths`` (``steps.csv`` files of the same replica and settings)
+    pooled with its own for the step-time fit; each file is checked as ``read_steps`` checks the replay's."""
+    if not paths:
+        return measured
+    pooled = [measured.steps] if measured.steps is not None else []
+    pooled += [read_steps(path) for path in paths]
+    return dataclasses.replace(measured, steps=np.concatenate(pooled))
 
 
 def memory_from_cache(cache: dict[str, str], replicas_kv_tokens_floor: int) -> MemoryLedger:

@@ -109,8 +109,12 @@ def run_calibrate(args: argparse.Namespace) -> int:
     from scaler.profiles import get_profile, save_profile
     from simulator import calibrate
 
+    if args.check and args.steps:
+        print("leadscale calibrate: --steps feeds the fit; --check compares an existing profile without one",
+              file=sys.stderr)
+        return 2
     try:
-        measured = calibrate.load_replay(args.replay)
+        measured = calibrate.with_steps(calibrate.load_replay(args.replay), args.steps)
         if args.check:
             profile = get_profile(args.check)
         else:
@@ -202,6 +206,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                      help="fit the step time on the replay's timed engine steps (steps.csv, written by an "
                           f"in-process run) or on its simulated outcomes; auto: the steps when there are at least "
                           f"{MIN_STEPS} (default auto)")
+    cal.add_argument("--steps", action="append", default=[], metavar="FILE",
+                     help="more timed steps of the same replica and scheduler settings (a steps.csv, e.g. from a "
+                          "capacity sweep of the replay's own requests), pooled with the replay's for the step-time "
+                          "fit: batches the replay never ran are then measured, not extrapolated; repeatable")
     cal.add_argument("--json", action="store_true", help="also print the table as JSON")
     cal.set_defaults(func=run_calibrate)
 

@@ -144,3 +144,26 @@ def test_a_bad_steps_file_stops_calibration_with_its_line(replay: Path, tmp_path
     (broken / "steps.csv").write_text(",".join(COLUMNS) + "\n1,1,0,0,0,-1\n")
     with pytest.raises(StepLogError, match="line 2, column 'seconds'"):
         calibrate.load_replay(broken)
+
+
+def test_calibration_pools_more_timed_steps_given_with_the_replay(replay: Path, tmp_path: Path) -> None:
+    """``leadscale calibrate --steps FILE``: a sweep's steps of the same requests join the replay's, so the fit
+    measures batches the replay never ran; a bad file is named, and ``--check`` refuses them (no fit there)."""
+    from leadscale.cli import main
+
+    timed = tmp_path / "timed"
+    shutil.copytree(replay, timed)
+    light, busy = _steps(200, seed=4), _steps(200, seed=9)
+    write_steps(timed / "steps.csv", light)
+    extra = write_steps(tmp_path / "sweep-steps.csv", busy)
+    pooled = calibrate.with_steps(calibrate.load_replay(timed), [extra])
+    assert pooled.steps is not None and np.array_equal(pooled.steps, np.concatenate([light, busy]))
+    assert calibrate.with_steps(calibrate.load_replay(replay), [extra]).steps.shape == busy.shape  # none of its own
+    out = tmp_path / "pooled.yaml"
+    assert main(["calibrate", "--replay", str(timed), "--steps", str(extra), "--out", str(out), "--max-num-seqs",
+                 "8", "--max-num-batched-tokens", "512"]) == 0
+    assert "400 timed steps" in out.read_text()
+    (tmp_path / "bad.csv").write_text("tokens\n1\n")
+    with pytest.raises(StepLogError, match="bad.csv"):
+        calibrate.with_steps(calibrate.load_replay(timed), [tmp_path / "bad.csv"])
+    assert main(["calibrate", "--replay", str(timed), "--steps", str(extra), "--check", str(out)]) == 2
