@@ -164,6 +164,6 @@ def test_calibration_pools_more_timed_steps_given_with_the_replay(replay: Path, 
                  "8", "--max-num-batched-tokens", "512"]) == 0
     assert "400 timed steps" in out.read_text()
     (tmp_path / "bad.csv").write_text("tokens\n1\n")
-    with pytest.raises(StepLogError, match="bad.csv"):
+    with pytest.raises(StepLogError, match=r"bad\.csv"):
         calibrate.with_steps(calibrate.load_replay(timed), [tmp_path / "bad.csv"])
     assert main(["calibrate", "--replay", str(timed), "--steps", str(extra), "--check", str(out)]) == 2
