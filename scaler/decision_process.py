@@ -50,8 +50,12 @@ from scaler.evaluator import (
     _Entry,
     default_source_factory,
     source_key,
+    stale_answer,
+    still_first_evaluating,
+    too_many_objects,
 )
 from scaler.metadata import MetadataError, ScalerConfig, parse_metadata
+from scaler.serve_cli import scrape_target_urls
 from scaler.sources.base import SignalSource
 from scaler.telemetry import Telemetry, configure_logging
 
@@ -86,8 +90,8 @@ class DecisionSettings:
     @classmethod
     def from_args(cls, args: Any) -> DecisionSettings:
         """From ``serve_cli.resolve``'s namespace (plus an embedder's ``source_factory``)."""
-        scrape = tuple(u.strip() for u in (args.scrape_targets or "").split(",") if u.strip())
-        return cls(prometheus_url=args.prometheus_url, scrape_targets=scrape, interval_s=float(args.interval),
+        return cls(prometheus_url=args.prometheus_url, scrape_targets=scrape_target_urls(args),
+                   interval_s=float(args.interval),
                    staleness_limit_s=float(args.staleness_limit), idle_timeout_s=float(args.idle_timeout),
                    max_objects=int(args.max_objects), kubernetes=bool(args.kubernetes),
                    deletion_cost=bool(args.deletion_cost),
@@ -197,8 +201,7 @@ class DecisionProcess:
             with self._touch_lock:  # not lost to the swap in _touch_loop
                 self._touched.add(mirror.oid)
         if not mirror.evaluated.wait(self.first_call_timeout_s):
-            raise Unavailable(f"{namespace}/{name}: first evaluation still running after "
-                              f"{self.first_call_timeout_s:g} s; retry shortly")
+            raise still_first_evaluating(namespace, name, self.first_call_timeout_s)
         if mirror.refusal is not None:
             raise mirror.refusal
         desired, active, data_at, error = mirror.answer
@@ -206,8 +209,7 @@ class DecisionProcess:
         age = now - data_at
         if desired is None or active is None or not evaluation.is_fresh(data_at, now, self.settings.staleness_limit_s):
             why = error or ("the decision process has exited" if self.failed.is_set() else f"data is {age:.0f} s old")
-            raise Unavailable(f"{namespace}/{name}: no fresh signal within the staleness limit "
-                              f"({self.settings.staleness_limit_s:g} s): {why}")
+            raise stale_answer(namespace, name, self.settings.staleness_limit_s, why)
         return Answer(mirror.config, desired, active, max(age, 0.0))
 
     def _register(self, key: ObjectKey, namespace: str, name: str, metadata: Mapping[str, str]) -> _Mirror:
@@ -219,9 +221,8 @@ class DecisionProcess:
             if mirror is not None:
                 return mirror
             if len(self._mirrors) >= self.settings.max_objects:
-                raise TooManyObjects(f"{namespace}/{name}: this scaler already evaluates {len(self._mirrors)} scaled "
-                                     f"objects (--max-objects {self.settings.max_objects}); objects not asked about "
-                                     f"for {self.settings.idle_timeout_s:g} s are dropped")
+                raise too_many_objects(namespace, name, len(self._mirrors), self.settings.max_objects,
+                                       self.settings.idle_timeout_s)
             mirror = _Mirror(next(self._oids), key, config)
             self._mirrors[key] = mirror
             self._by_oid[mirror.oid] = mirror

@@ -112,6 +112,24 @@ class TooManyObjects(Exception):
     """``max_objects`` are already evaluated; the service answers RESOURCE_EXHAUSTED (KEDA's fallback applies)."""
 
 
+def still_first_evaluating(namespace: str, name: str, timeout_s: float) -> Unavailable:
+    """The refusal for an object whose first evaluation outlasted the first call's wait (both processes)."""
+    return Unavailable(f"{namespace}/{name}: first evaluation still running after {timeout_s:g} s; retry shortly")
+
+
+def stale_answer(namespace: str, name: str, staleness_limit_s: float, why: str) -> Unavailable:
+    """The refusal for an object whose latest data is older than the staleness limit (both processes)."""
+    return Unavailable(f"{namespace}/{name}: no fresh signal within the staleness limit "
+                       f"({staleness_limit_s:g} s): {why}")
+
+
+def too_many_objects(namespace: str, name: str, count: int, max_objects: int, idle_timeout_s: float) -> TooManyObjects:
+    """The refusal for a new object past ``--max-objects`` (both processes)."""
+    return TooManyObjects(f"{namespace}/{name}: this scaler already evaluates {count} scaled objects "
+                          f"(--max-objects {max_objects}); objects not asked about for {idle_timeout_s:g} s "
+                          "are dropped")
+
+
 def default_source_factory(key: SourceKey, prometheus_auth: Any = None) -> SignalSource:
     """Build the real source for a key (imported here: they pull in HTTP clients); ``prometheus_auth`` is
     a ``PrometheusAuth`` for the server's ``--prometheus-url``."""
@@ -211,16 +229,13 @@ class Evaluator:
         """The latest decision for one object; raises ``MetadataError`` or ``Unavailable``."""
         entry = self._entry(namespace, name, metadata)
         if not entry.evaluated.wait(self.first_call_timeout_s):
-            raise Unavailable(f"{namespace}/{name}: first evaluation still running after "
-                              f"{self.first_call_timeout_s:g} s; retry shortly")
+            raise still_first_evaluating(namespace, name, self.first_call_timeout_s)
         with entry.lock:
             held, error = entry.held, entry.error
         now = self.clock()
         decision, age = evaluation.fresh(held, now, self.staleness_limit_s), now - held.data_at
         if decision is None:
-            why = error or f"data is {age:.0f} s old"
-            raise Unavailable(f"{namespace}/{name}: no fresh signal within the staleness limit "
-                              f"({self.staleness_limit_s:g} s): {why}")
+            raise stale_answer(namespace, name, self.staleness_limit_s, error or f"data is {age:.0f} s old")
         return Answer(entry.config, int(decision.desired_replicas), bool(decision.active), max(age, 0.0))
 
     def register(self, namespace: str, name: str, metadata: Mapping[str, str], tag: Any) -> _Entry:
@@ -245,9 +260,7 @@ class Evaluator:
                 entry.tag = tag if tag is not None else entry.tag
                 return entry
             if len(self._entries) >= self.max_objects:
-                raise TooManyObjects(f"{namespace}/{name}: this scaler already evaluates {len(self._entries)} scaled "
-                                     f"objects (--max-objects {self.max_objects}); objects not asked about for "
-                                     f"{self.idle_timeout_s:g} s are dropped")
+                raise too_many_objects(namespace, name, len(self._entries), self.max_objects, self.idle_timeout_s)
             entry = _Entry(namespace, name, config, config.target(namespace), self._source_key(config, namespace, name),
                            now, config.route_target(namespace), tag=tag)
             self._entries[key] = entry

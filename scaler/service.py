@@ -36,6 +36,7 @@ from scaler.decision_process import DecisionProcess, DecisionSettings
 from scaler.evaluator import Decisions, Evaluator, TooManyObjects, Unavailable, default_source_factory
 from scaler.metadata import MetadataError, Problem
 from scaler.metadata_values import shorten
+from scaler.serve_cli import scrape_target_urls
 from scaler.sources.prometheus_auth import PrometheusAuth
 from scaler.telemetry import Telemetry, configure_logging
 
@@ -279,7 +280,7 @@ def _in_process_evaluator(args: Any, telemetry: Telemetry) -> tuple[Evaluator, A
         except Exception as exc:  # no in-cluster config and no kubeconfig, RBAC, ...
             LOG.error("--kubernetes: cannot reach the Kubernetes API: %s: %s", type(exc).__name__, exc)
             return None
-    scrape = tuple(u.strip() for u in (args.scrape_targets or "").split(",") if u.strip())
+    scrape = scrape_target_urls(args)
     try:
         auth = PrometheusAuth.from_flags(getattr(args, "prometheus_auth_modes", None),
                                          getattr(args, "prometheus_auth_dir", None))
