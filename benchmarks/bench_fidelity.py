@@ -270,38 +270,42 @@ def run_setting_in_process(setting: str, args: argparse.Namespace, root: Path) -
             again = replay_slice(i, rate_of(label, load), seed=100 * r + i + 1)
             engine.write_replay(again, out / f"slice{i}-repeat{r}")
             repeats[label].append(again.metrics())
-    profiles = {}
     # the sweep replayed the calibration slice's own requests up to saturation: its steps hold the busy batches
-    sweep_steps = sorted((out / "capacity").glob("steps-*.csv")) if args.fit_sweep_steps else []
-    for method in ("outcomes", "steps"):  # the outcome fit any replay allows, and the fit on the timed steps
-        profiles[method] = out / f"calibrated-{method}.yaml"
-        pooled = [arg for path in sweep_steps for arg in ("--steps", str(path))] if method == "steps" else []
-        leadscale(["calibrate", "--replay", str(replays[0][0]), "--out", str(profiles[method]), "--max-num-seqs",
-                   str(seqs), "--max-num-batched-tokens", str(budget), "--step-time", method, *pooled])
-    profile = get_profile(str(profiles["outcomes"]))
-    stepped = get_profile(str(profiles["steps"]))
+    sweep_steps = sorted((out / "capacity").glob("steps-*.csv"))
+    fits = {  # fit name -> (calibrate's --step-time, extra --steps files): all three on the same real runs
+        "outcomes": ("outcomes", []),
+        "steps": ("steps", []),
+        "steps+sweep": ("steps", sweep_steps),
+    }
     from simulator.step_log import fit_step_time, read_steps
 
-    # (the same fit calibrate made, for the table)
-    step_model, residuals = fit_step_time(np.concatenate([replays[0][1].steps, *map(read_steps, sweep_steps)]))
-    print(f"[{setting} in-process] step fit {step_model.to_dict()}: residuals {residuals.describe()}", file=sys.stderr)
-    if residuals.abs_rel_p50 > NOISY_STEPS:
-        print(f"[{setting} in-process] WARNING: the calibration slice's steps scatter {residuals.abs_rel_p50:.0%} "
-              f"around the fit (clean runs here: 5-10 %): something else had the cores; the table measures the "
-              "machine, not the simulator. Rerun on an idle machine.", file=sys.stderr)
     tables = []
-    for name, prof in ((setting, profile), (f"{setting}, step fit", stepped)):
-        table: dict[str, Any] = {"setting": name, "engine": "in-process", "capacity_rps": capacity,
+    for fit, (method, extra) in fits.items():
+        path = out / f"calibrated-{fit}.yaml"
+        leadscale(["calibrate", "--replay", str(replays[0][0]), "--out", str(path), "--max-num-seqs", str(seqs),
+                   "--max-num-batched-tokens", str(budget), "--step-time", method,
+                   *[arg for step_file in extra for arg in ("--steps", str(step_file))]])
+        profile = get_profile(str(path))
+        table: dict[str, Any] = {"setting": setting, "fit": fit, "engine": "in-process", "capacity_rps": capacity,
                                  "saturation_rps": saturation, "loads": {}}
+        if method == "steps":  # (the same fit calibrate made, for the table)
+            step_model, residuals = fit_step_time(np.concatenate([replays[0][1].steps, *map(read_steps, extra)]))
+            table["coefficients"], table["residuals"] = step_model.to_dict(), residuals.to_dict()
+            print(f"[{setting} in-process] {fit} fit {step_model.to_dict()}: residuals {residuals.describe()}",
+                  file=sys.stderr)
+            if residuals.abs_rel_p50 > NOISY_STEPS:
+                print(f"[{setting} in-process] WARNING: the {fit} fit's steps scatter {residuals.abs_rel_p50:.0%} "
+                      f"around it (clean runs here: 5-10 %): something else had the cores; the table measures the "
+                      "machine, not the simulator. Rerun on an idle machine.", file=sys.stderr)
         for (label, load), (replay, run) in zip(LOADS, replays, strict=True):
             first = run.metrics()
             real = {k: (v, None) for k, v in first.items()}  # the engine's own: no second reading
             retest = retest_spread(first, repeats[label]) if repeats[label] else None
-            table["loads"][label] = load_row(load, real, simulated_values(prof, replay), retest)
+            table["loads"][label] = load_row(load, real, simulated_values(profile, replay), retest)
         tables.append(table)
-    tables[0]["step_fit"] = {"coefficients": step_model.to_dict(), "residuals": residuals.to_dict(),
-                             "noisy": residuals.abs_rel_p50 > NOISY_STEPS, "table": tables[1]}
-    return tables[0]
+    head, *others = tables
+    head["other_fits"] = others
+    return head
 
 
 def in_own_process(setting: str, argv: list[str] | None, root: Path) -> dict[str, Any]:
@@ -329,14 +333,14 @@ def pct(value: float | None) -> str:
 
 
 def print_table(table: dict[str, Any]) -> None:
-    """The table, and with ``--engine in-process`` the one simulated with the step-fitted step time."""
-    print_one(table)
-    if "step_fit" in table:
-        fit = table["step_fit"]
-        print(f"\nstep time fitted on {fit['residuals']['steps']:.0f} timed steps of the calibration slice: "
-              f"{fit['coefficients']}; |relative residual| p50 {fit['residuals']['abs_rel_p50']:.1%}, "
-              f"p95 {fit['residuals']['abs_rel_p95']:.1%}")
-        print_one(fit["table"])
+    """The table, and with ``--engine in-process`` one per fit of the same real runs: outcomes, the
+    calibration slice's timed steps, and those steps pooled with the capacity sweep's."""
+    for one in (table, *table.get("other_fits", [])):
+        if "residuals" in one:
+            res = one["residuals"]
+            print(f"\n{one['fit']} fit on {res['steps']:.0f} timed steps: {one['coefficients']}; "
+                  f"|relative residual| p50 {res['abs_rel_p50']:.1%}, p95 {res['abs_rel_p95']:.1%}")
+        print_one(one)
 
 
 def print_one(table: dict[str, Any]) -> None:
@@ -345,7 +349,9 @@ def print_one(table: dict[str, Any]) -> None:
              else "a vLLM server: client-side [engine histograms]")
     overload = (f" ({OVERLOAD} of the saturation rate, {table['saturation_rps']:.2f} req/s)"
                 if "saturation_rps" in table else "")
-    print(f"\n### `--max-num-seqs {table['setting'].replace('x', ' --max-num-batched-tokens ')}`, {where}: capacity "
+    fit = f", {table['fit']} fit" if "fit" in table else ""
+    flags = table["setting"].replace("x", " --max-num-batched-tokens ")
+    print(f"\n### `--max-num-seqs {flags}`{fit}, {where}: capacity "
           f"{table['capacity_rps']:.2f} req/s{overload}; calibrated on a slice at 90 %\n")
     retests = any(m.get("retest") is not None for k in loads for m in table["loads"][k]["metrics"].values())
     retest_head = " | real's retest" if retests else ""
@@ -378,10 +384,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=1,
                         help="with --engine in-process: replay each check slice this many times in all (the same "
                              "requests and arrivals) and print the real engine's retest spread beside each error")
-    parser.add_argument("--fit-sweep-steps", action="store_true",
-                        help="with --engine in-process: fit the step time on the capacity sweep's timed steps too "
-                             "(the calibration slice's own requests at every rate up to saturation), so the busy "
-                             "batches of an overload are measured, not extrapolated")
     parser.add_argument("--out", type=Path, default=None, help="keep the replays and profiles here")
     parser.add_argument("--json", type=Path, default=None, help="also write the tables here")
     args = parser.parse_args(argv)
