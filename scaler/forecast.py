@@ -152,11 +152,16 @@ class Headroom:
 
 
 def push_spaced(samples: Samples, t: float, value: float, keep_s: float, spacing_s: float) -> Samples:
-    """Append ``(t, value)`` unless the newest sample is younger than ``spacing_s``; drop those older
-    than ``t - keep_s``. Keeps a long history short (one sample per ``spacing_s``)."""
+    """Append ``(t, value)`` unless the newest sample is younger than ``spacing_s``, and then drop those older
+    than ``t - keep_s``. Keeps a long history short (one sample per ``spacing_s``).
+
+    The front moves only when a sample is added, so a full history changes once per ``spacing_s`` and not
+    also at the round between, when its oldest sample would age out: a band computed on it is reused until
+    the next sample (``headroom_inputs``). It may hold one sample up to ``spacing_s`` older than
+    ``keep_s`` meanwhile."""
+    if samples and t - samples[-1][0] < spacing_s:
+        return samples
     kept = samples[bisect.bisect_left(samples, (t - keep_s,)):]  # samples are in time order
-    if kept and t - kept[-1][0] < spacing_s:
-        return kept
     return (*kept, (t, value))
 
 

@@ -101,10 +101,12 @@ def test_theil_sen_equals_scipy_theilslopes_including_ties(values, confidence, t
         assert low == pytest.approx(float(expected.low_slope), abs=1e-12)
 
 
-def test_push_spaced_drops_exactly_the_samples_older_than_the_history() -> None:
+def test_push_spaced_drops_exactly_the_samples_older_than_the_history_when_it_adds_one() -> None:
     history = series([1.0, 2.0, 3.0, 4.0])  # t = 0, 15, 30, 45
     assert push_spaced(history, 60.0, 5.0, 30.0, 15.0) == ((30.0, 3.0), (45.0, 4.0), (60.0, 5.0))
-    assert push_spaced(history, 50.0, 5.0, 35.0, 15.0) == ((15.0, 2.0), (30.0, 3.0), (45.0, 4.0))
+    # between samples the history stands still, its oldest sample included: it moves once per spacing
+    assert push_spaced(history, 50.0, 5.0, 35.0, 15.0) is history
+    assert push_spaced(history, 65.0, 5.0, 35.0, 15.0) == ((30.0, 3.0), (45.0, 4.0), (65.0, 5.0))
 
 
 @settings(max_examples=200, deadline=None)
