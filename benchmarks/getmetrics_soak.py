@@ -277,6 +277,7 @@ def fast_forward(args: argparse.Namespace) -> int:
 
     ask(range(args.objects))
     process, rows = psutil.Process(), []
+    cpu_mark = sum(process.cpu_times()[:2])  # user + system: what the rounds since the last row cost
     per_round = max(1, round(args.objects * interval / args.period))
     rounds, next_churn = round(args.fast_forward * 60 / interval), args.churn_every
     for r in range(1, rounds + 1):
@@ -291,16 +292,20 @@ def fast_forward(args: argparse.Namespace) -> int:
         ask(range(0, max(0, start + per_round - args.objects)))
         evaluator.run_once()
         if r % round(300 / interval) == 0:
-            gc.collect()
-            rows.append((r * interval / 60, process.memory_info().rss / 2**20, len(evaluator._entries)))
+            cpu_now = sum(process.cpu_times()[:2])
+            # the rounds' CPU against the simulated time they stand for: the cores the evaluator would take live
+            cores = (cpu_now - cpu_mark) / 300.0
+            gc.collect()  # (a measurement's own cost: not counted)
+            cpu_mark = sum(process.cpu_times()[:2])
+            rows.append((r * interval / 60, process.memory_info().rss / 2**20, len(evaluator._entries), cores))
     evaluator.stop()
     print(f"\nfast-forward {args.fast_forward:g} simulated minutes: {args.objects} objects asked about every "
           f"{args.period:g} s, {args.churn:.0%} renamed every {args.churn_every:g} s, idle timeout "
           f"{args.idle_timeout:g} s, a round per {interval:g} s")
-    print(f"{'minute':>8}{'RSS MiB':>10}{'objects':>9}")
-    for minute, rss, objects in rows:
-        print(f"{minute:>8.0f}{rss:>10.1f}{objects:>9}")
-    half = [rss for minute, rss, _ in rows if minute > args.fast_forward / 2]
+    print(f"{'minute':>8}{'RSS MiB':>10}{'objects':>9}{'cores (live)':>14}")
+    for minute, rss, objects, cores in rows:
+        print(f"{minute:>8.0f}{rss:>10.1f}{objects:>9}{cores:>14.3f}")
+    half = [rss for minute, rss, _, _ in rows if minute > args.fast_forward / 2]
     print(f"RSS over the second half: {min(half):.1f}-{max(half):.1f} MiB (spread {max(half) - min(half):.1f} MiB); "
           f"{churned} objects renamed in all")
     if args.json:
