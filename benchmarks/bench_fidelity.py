@@ -230,6 +230,23 @@ def saturated_rps(rows: list[dict[str, float]], mean_output_tokens: float) -> fl
     return max(r["output_tokens_per_s"] for r in rows) / mean_output_tokens
 
 
+def clean_step_files(paths: list[Path], setting: str) -> list[Path]:
+    """The sweep step files fit to pool: a rate whose steps scatter more than ``NOISY_STEPS`` around their own
+    fit had the cores shared with something else (on 2026-12-06 the first three rates of one sweep scattered
+    20-23 % while another job ran, the rest 9-15 %), and its steps time the machine, not the engine."""
+    from simulator.step_log import fit_step_time, read_steps
+
+    kept = []
+    for path in paths:
+        _, residuals = fit_step_time(read_steps(path))
+        if residuals.abs_rel_p50 > NOISY_STEPS:
+            print(f"[{setting} in-process] {path.name} left out of the pooled fit: its steps scatter "
+                  f"{residuals.abs_rel_p50:.0%} around their own fit", file=sys.stderr)
+        else:
+            kept.append(path)
+    return kept
+
+
 def run_setting_in_process(setting: str, args: argparse.Namespace, root: Path) -> dict[str, Any]:
     """``run_setting`` on vLLM's engine in this process (``fidelity_engine``): real = the engine's own
     per-request timestamps, no HTTP frontend and no histogram buckets between them and the simulator."""
@@ -271,7 +288,7 @@ def run_setting_in_process(setting: str, args: argparse.Namespace, root: Path) -
             engine.write_replay(again, out / f"slice{i}-repeat{r}")
             repeats[label].append(again.metrics())
     # the sweep replayed the calibration slice's own requests up to saturation: its steps hold the busy batches
-    sweep_steps = sorted((out / "capacity").glob("steps-*.csv"))
+    sweep_steps = clean_step_files(sorted((out / "capacity").glob("steps-*.csv")), setting)
     fits = {  # fit name -> (calibrate's --step-time, extra --steps files): all three on the same real runs
         "outcomes": ("outcomes", []),
         "steps": ("steps", []),

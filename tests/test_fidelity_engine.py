@@ -141,3 +141,18 @@ def test_the_overload_rate_comes_from_the_saturation_not_the_ttft_knee(tmp_path:
     assert bench.OVERLOAD in dict(bench.LOADS)
     with pytest.raises(ValueError, match="mean_output_tokens"):
         bench.saturated_rps([{"output_tokens_per_s": 1.0}], 0.0)
+
+
+def test_sweep_steps_that_scatter_around_their_own_fit_stay_out_of_the_pooled_fit(tmp_path: Path) -> None:
+    from simulator.step_log import write_steps
+
+    rng = np.random.default_rng(5)
+    n = 400
+    batch = np.column_stack([rng.integers(1, 512, n), rng.integers(1, 9, n), rng.uniform(0, 4000, n),
+                             rng.uniform(0, 9e4, n), rng.integers(0, 3, n)]).astype(float)
+    seconds = 1e-3 + 5e-6 * batch[:, 0] + 3e-5 * batch[:, 1] + 1.5e-3 * batch[:, 4]
+    clean = write_steps(tmp_path / "steps-00.csv", np.column_stack([batch, seconds * rng.normal(1, 0.03, n)]))
+    # another job on the cores: a third of the steps take 1.5-3x as long
+    shared = seconds * np.where(rng.random(n) < 0.35, rng.uniform(1.5, 3.0, n), 1.0)
+    noisy = write_steps(tmp_path / "steps-01.csv", np.column_stack([batch, shared]))
+    assert _bench().clean_step_files([clean, noisy], "8x512") == [clean]
