@@ -230,6 +230,15 @@ def saturated_rps(rows: list[dict[str, float]], mean_output_tokens: float) -> fl
     return max(r["output_tokens_per_s"] for r in rows) / mean_output_tokens
 
 
+def step_speed(model: Any, steps: np.ndarray) -> float | None:
+    """Real over modelled time summed over a run's timed steps: 1.0 when the engine ran at the fit's speed.
+    Two replays of the same requests that differ here differ in the machine, not in the model: on this
+    2-core host the same overload slice read 0.869 and 1.017 a few minutes apart (docs/real-vllm.md)."""
+    modelled = sum(model.step_time(int(n), int(seqs), context, attention, int(prefills))
+                   for n, seqs, context, attention, prefills, _ in steps)
+    return float(steps[:, -1].sum() / modelled) if modelled > 0 else None
+
+
 def clean_step_files(paths: list[Path], setting: str) -> list[Path]:
     """The sweep step files fit to pool: a rate whose steps scatter more than ``NOISY_STEPS`` around their own
     fit had the cores shared with something else (on 2026-12-06 the first three rates of one sweep scattered
@@ -310,6 +319,9 @@ def run_setting_in_process(setting: str, args: argparse.Namespace, root: Path) -
             table["coefficients"], table["residuals"] = step_model.to_dict(), residuals.to_dict()
             print(f"[{setting} in-process] {fit} fit {step_model.to_dict()}: residuals {residuals.describe()}",
                   file=sys.stderr)
+            # per slice run: its steps' real time over the fit's, the engine's own speed on that run
+            table["step_speed"] = {path.name: step_speed(step_model, read_steps(path / "steps.csv"))
+                                   for path in sorted(out.glob("slice*")) if (path / "steps.csv").is_file()}
             if residuals.abs_rel_p50 > NOISY_STEPS:
                 print(f"[{setting} in-process] WARNING: the {fit} fit's steps scatter {residuals.abs_rel_p50:.0%} "
                       f"around it (clean runs here: 5-10 %): something else had the cores; the table measures the "
@@ -357,6 +369,9 @@ def print_table(table: dict[str, Any]) -> None:
             res = one["residuals"]
             print(f"\n{one['fit']} fit on {res['steps']:.0f} timed steps: {one['coefficients']}; "
                   f"|relative residual| p50 {res['abs_rel_p50']:.1%}, p95 {res['abs_rel_p95']:.1%}")
+            speeds = ", ".join(f"{name} {cell(speed, '{:.3f}')}" for name, speed in one.get("step_speed", {}).items())
+            print(f"each run's steps, real time over the fit's (1 = the fit's speed; repeats that differ are the "
+                  f"machine): {speeds}")
         print_one(one)
 
 

@@ -156,3 +156,18 @@ def test_sweep_steps_that_scatter_around_their_own_fit_stay_out_of_the_pooled_fi
     shared = seconds * np.where(rng.random(n) < 0.35, rng.uniform(1.5, 3.0, n), 1.0)
     noisy = write_steps(tmp_path / "steps-01.csv", np.column_stack([batch, shared]))
     assert _bench().clean_step_files([clean, noisy], "8x512") == [clean]
+
+
+def test_a_runs_step_speed_is_its_real_time_over_the_fits() -> None:
+    from simulator.step_log import fit_step_time
+
+    rng = np.random.default_rng(9)
+    n = 300
+    batch = np.column_stack([rng.integers(1, 512, n), rng.integers(1, 9, n), rng.uniform(0, 4000, n),
+                             rng.uniform(0, 9e4, n), rng.integers(0, 3, n)]).astype(float)
+    seconds = 1e-3 + 5e-6 * batch[:, 0] + 3e-5 * batch[:, 1] + 1.5e-3 * batch[:, 4]
+    model, _ = fit_step_time(np.column_stack([batch, seconds]))
+    bench = _bench()
+    assert bench.step_speed(model, np.column_stack([batch, seconds])) == pytest.approx(1.0, abs=1e-6)
+    # the same batches on a machine 12 % slower
+    assert bench.step_speed(model, np.column_stack([batch, 1.12 * seconds])) == pytest.approx(1.12, abs=1e-6)
