@@ -94,3 +94,9 @@ def key_value(example: str, value_required: bool = True) -> Callable[[str], tupl
 
     convert.__name__ = "NAME=VALUE"
     return convert
+
+
+def comma_separated(value: str | None) -> tuple[str, ...]:
+    """A comma-separated flag (``--scrape-targets``) as its entries, blank ones dropped: read once here by both
+    evaluator modes."""
+    return tuple(part.strip() for part in (value or "").split(",") if part.strip())

@@ -40,6 +40,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from scaler import evaluation
+from scaler.cli_types import comma_separated
 from scaler.evaluator import (
     Answer,
     Evaluator,
@@ -55,7 +56,6 @@ from scaler.evaluator import (
     too_many_objects,
 )
 from scaler.metadata import MetadataError, ScalerConfig, parse_metadata
-from scaler.serve_cli import scrape_target_urls
 from scaler.sources.base import SignalSource
 from scaler.telemetry import Telemetry, configure_logging
 
@@ -90,7 +90,7 @@ class DecisionSettings:
     @classmethod
     def from_args(cls, args: Any) -> DecisionSettings:
         """From ``serve_cli.resolve``'s namespace (plus an embedder's ``source_factory``)."""
-        return cls(prometheus_url=args.prometheus_url, scrape_targets=scrape_target_urls(args),
+        return cls(prometheus_url=args.prometheus_url, scrape_targets=comma_separated(args.scrape_targets),
                    interval_s=float(args.interval),
                    staleness_limit_s=float(args.staleness_limit), idle_timeout_s=float(args.idle_timeout),
                    max_objects=int(args.max_objects), kubernetes=bool(args.kubernetes),

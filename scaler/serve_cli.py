@@ -110,11 +110,6 @@ def resolve(args: argparse.Namespace) -> argparse.Namespace:
     return argparse.Namespace(**{**vars(args), **values})
 
 
-def scrape_target_urls(args: Any) -> tuple[str, ...]:
-    """``--scrape-targets`` as the URLs it lists, blank entries dropped (both evaluator modes read it here)."""
-    return tuple(u.strip() for u in (args.scrape_targets or "").split(",") if u.strip())
-
-
 def run(args: argparse.Namespace) -> int:
     """Start the servers and block until SIGTERM/SIGINT."""
     from scaler.service import serve_forever

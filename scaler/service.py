@@ -32,11 +32,11 @@ from grpc_reflection.v1alpha import reflection
 
 from scaler._proto import externalscaler_pb2 as pb
 from scaler._proto import externalscaler_pb2_grpc as pb_grpc
+from scaler.cli_types import comma_separated
 from scaler.decision_process import DecisionProcess, DecisionSettings
 from scaler.evaluator import Decisions, Evaluator, TooManyObjects, Unavailable, default_source_factory
 from scaler.metadata import MetadataError, Problem
 from scaler.metadata_values import shorten
-from scaler.serve_cli import scrape_target_urls
 from scaler.sources.prometheus_auth import PrometheusAuth
 from scaler.telemetry import Telemetry, configure_logging
 
@@ -280,7 +280,7 @@ def _in_process_evaluator(args: Any, telemetry: Telemetry) -> tuple[Evaluator, A
         except Exception as exc:  # no in-cluster config and no kubeconfig, RBAC, ...
             LOG.error("--kubernetes: cannot reach the Kubernetes API: %s: %s", type(exc).__name__, exc)
             return None
-    scrape = scrape_target_urls(args)
+    scrape = comma_separated(args.scrape_targets)
     try:
         auth = PrometheusAuth.from_flags(getattr(args, "prometheus_auth_modes", None),
                                          getattr(args, "prometheus_auth_dir", None))
