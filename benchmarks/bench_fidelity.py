@@ -230,29 +230,31 @@ def saturated_rps(rows: list[dict[str, float]], mean_output_tokens: float) -> fl
     return max(r["output_tokens_per_s"] for r in rows) / mean_output_tokens
 
 
-def step_speed(model: Any, steps: np.ndarray) -> float | None:
+def step_speed(model: Any, steps: np.ndarray) -> float:
     """Real over modelled time summed over a run's timed steps: 1.0 when the engine ran at the fit's speed.
     Two replays of the same requests that differ here differ in the machine, not in the model: on this
     2-core host the same overload slice read 0.869 and 1.017 a few minutes apart (docs/real-vllm.md)."""
-    modelled = sum(model.step_time(int(n), int(seqs), context, attention, int(prefills))
-                   for n, seqs, context, attention, prefills, _ in steps)
-    return float(steps[:, -1].sum() / modelled) if modelled > 0 else None
+    from simulator.step_log import SECONDS, modelled_seconds
+
+    return float(steps[:, SECONDS].sum() / modelled_seconds(model, steps).sum())
 
 
-def clean_step_files(paths: list[Path], setting: str) -> list[Path]:
-    """The sweep step files fit to pool: a rate whose steps scatter more than ``NOISY_STEPS`` around their own
-    fit had the cores shared with something else (on 2026-12-06 the first three rates of one sweep scattered
-    20-23 % while another job ran, the rest 9-15 %), and its steps time the machine, not the engine."""
+def clean_step_files(paths: list[Path], setting: str) -> dict[Path, np.ndarray]:
+    """The sweep step files fit to pool, with their steps: a rate whose steps scatter more than ``NOISY_STEPS``
+    around their own fit had the cores shared with something else (on 2026-12-06 the first three rates of one
+    sweep scattered 20-23 % while another job ran, the rest 9-15 %), and its steps time the machine, not the
+    engine."""
     from simulator.step_log import fit_step_time, read_steps
 
-    kept = []
+    kept = {}
     for path in paths:
-        _, residuals = fit_step_time(read_steps(path))
+        steps = read_steps(path)
+        _, residuals = fit_step_time(steps)
         if residuals.abs_rel_p50 > NOISY_STEPS:
             print(f"[{setting} in-process] {path.name} left out of the pooled fit: its steps scatter "
                   f"{residuals.abs_rel_p50:.0%} around their own fit", file=sys.stderr)
         else:
-            kept.append(path)
+            kept[path] = steps
     return kept
 
 
@@ -298,13 +300,16 @@ def run_setting_in_process(setting: str, args: argparse.Namespace, root: Path) -
             repeats[label].append(again.metrics())
     # the sweep replayed the calibration slice's own requests up to saturation: its steps hold the busy batches
     sweep_steps = clean_step_files(sorted((out / "capacity").glob("steps-*.csv")), setting)
-    fits = {  # fit name -> (calibrate's --step-time, extra --steps files): all three on the same real runs
+    fits = {  # fit name -> (calibrate's --step-time, extra --steps files): all on the same real runs
         "outcomes": ("outcomes", []),
         "steps": ("steps", []),
-        "steps+sweep": ("steps", sweep_steps),
     }
-    from simulator.step_log import fit_step_time, read_steps
+    if sweep_steps:  # (with none clean, it would be the steps fit again)
+        fits["steps+sweep"] = ("steps", list(sweep_steps))
+    from simulator.step_log import read_steps, residuals
 
+    runs = {path.name: read_steps(path / "steps.csv") for path in sorted(out.glob("slice*"))
+            if (path / "steps.csv").is_file()}
     tables = []
     for fit, (method, extra) in fits.items():
         path = out / f"calibrated-{fit}.yaml"
@@ -314,16 +319,16 @@ def run_setting_in_process(setting: str, args: argparse.Namespace, root: Path) -
         profile = get_profile(str(path))
         table: dict[str, Any] = {"setting": setting, "fit": fit, "engine": "in-process", "capacity_rps": capacity,
                                  "saturation_rps": saturation, "loads": {}}
-        if method == "steps":  # (the same fit calibrate made, for the table)
-            step_model, residuals = fit_step_time(np.concatenate([replays[0][1].steps, *map(read_steps, extra)]))
-            table["coefficients"], table["residuals"] = step_model.to_dict(), residuals.to_dict()
-            print(f"[{setting} in-process] {fit} fit {step_model.to_dict()}: residuals {residuals.describe()}",
+        if method == "steps":  # how calibrate's fit times the steps it was fitted on, and each run's
+            model = profile.step_time
+            fitted = residuals(model, np.concatenate([replays[0][1].steps, *(sweep_steps[f] for f in extra)]))
+            table["coefficients"], table["residuals"] = model.to_dict(), fitted.to_dict()
+            print(f"[{setting} in-process] {fit} fit {model.to_dict()}: residuals {fitted.describe()}",
                   file=sys.stderr)
             # per slice run: its steps' real time over the fit's, the engine's own speed on that run
-            table["step_speed"] = {path.name: step_speed(step_model, read_steps(path / "steps.csv"))
-                                   for path in sorted(out.glob("slice*")) if (path / "steps.csv").is_file()}
-            if residuals.abs_rel_p50 > NOISY_STEPS:
-                print(f"[{setting} in-process] WARNING: the {fit} fit's steps scatter {residuals.abs_rel_p50:.0%} "
+            table["step_speed"] = {name: step_speed(model, steps) for name, steps in runs.items()}
+            if fitted.abs_rel_p50 > NOISY_STEPS:
+                print(f"[{setting} in-process] WARNING: the {fit} fit's steps scatter {fitted.abs_rel_p50:.0%} "
                       f"around it (clean runs here: 5-10 %): something else had the cores; the table measures the "
                       "machine, not the simulator. Rerun on an idle machine.", file=sys.stderr)
         for (label, load), (replay, run) in zip(LOADS, replays, strict=True):
@@ -369,7 +374,7 @@ def print_table(table: dict[str, Any]) -> None:
             res = one["residuals"]
             print(f"\n{one['fit']} fit on {res['steps']:.0f} timed steps: {one['coefficients']}; "
                   f"|relative residual| p50 {res['abs_rel_p50']:.1%}, p95 {res['abs_rel_p95']:.1%}")
-            speeds = ", ".join(f"{name} {cell(speed, '{:.3f}')}" for name, speed in one.get("step_speed", {}).items())
+            speeds = ", ".join(f"{name} {speed:.3f}" for name, speed in one.get("step_speed", {}).items())
             print(f"each run's steps, real time over the fit's (1 = the fit's speed; repeats that differ are the "
                   f"machine): {speeds}")
         print_one(one)

@@ -277,7 +277,11 @@ def fast_forward(args: argparse.Namespace) -> int:
 
     ask(range(args.objects))
     process, rows = psutil.Process(), []
-    cpu_mark = sum(process.cpu_times()[:2])  # user + system: what the rounds since the last row cost
+
+    def cpu_s() -> float:
+        return float(sum(process.cpu_times()[:2]))  # user + system
+
+    cpu_mark = cpu_s()  # what the rounds since the last row cost
     per_round = max(1, round(args.objects * interval / args.period))
     rounds, next_churn = round(args.fast_forward * 60 / interval), args.churn_every
     for r in range(1, rounds + 1):
@@ -292,11 +296,10 @@ def fast_forward(args: argparse.Namespace) -> int:
         ask(range(0, max(0, start + per_round - args.objects)))
         evaluator.run_once()
         if r % round(300 / interval) == 0:
-            cpu_now = sum(process.cpu_times()[:2])
             # the rounds' CPU against the simulated time they stand for: the cores the evaluator would take live
-            cores = (cpu_now - cpu_mark) / 300.0
+            cores = (cpu_s() - cpu_mark) / 300.0
             gc.collect()  # (a measurement's own cost: not counted)
-            cpu_mark = sum(process.cpu_times()[:2])
+            cpu_mark = cpu_s()
             rows.append((r * interval / 60, process.memory_info().rss / 2**20, len(evaluator._entries), cores))
     evaluator.stop()
     print(f"\nfast-forward {args.fast_forward:g} simulated minutes: {args.objects} objects asked about every "

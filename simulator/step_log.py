@@ -149,22 +149,38 @@ def fit_step_time(steps: np.ndarray) -> tuple[LinearStepTime, StepFitResiduals]:
         raise ValueError("fit_step_time: every value must be finite, the batch columns >= 0 and seconds > 0")
     tokens, seconds = steps[:, 0], steps[:, SECONDS]
     knees = np.unique(np.concatenate([[0.0], np.quantile(tokens, np.linspace(0.0, 0.95, KNEE_CANDIDATES))]))
-    best: tuple[float, float, np.ndarray, np.ndarray] | None = None
+    best: tuple[float, float, np.ndarray] | None = None
     for knee in knees:
         design = np.column_stack([np.ones(tokens.size), np.maximum(tokens, knee), steps[:, 1:SECONDS]])
         coef, sse = _solve(design, seconds)
         if best is None or sse < best[0] * (1 - 1e-9):  # ties keep the smaller knee
-            best = (sse, float(knee), coef, design)
+            best = (sse, float(knee), coef)
     assert best is not None
-    _, knee, coef, design = best
+    _, knee, coef = best
     if coef[0] <= 0 and coef[1] * knee <= 0:  # a step takes time even when empty
         coef[0] = float(np.min(seconds)) * 1e-3
     model = LinearStepTime(overhead_s=float(coef[0]), floor_s=float(coef[1] * knee), intercept_s=0.0,
                            per_token_s=float(coef[1]), per_seq_s=float(coef[2]), per_context_token_s=float(coef[3]),
                            prefill_attention_s=float(coef[4]), per_prefill_seq_s=float(coef[5]))
-    relative = (design @ coef - seconds) / seconds  # = model.step_time of each step: o + s max(knee, N) + ...
-    residuals = StepFitResiduals(steps=int(steps.shape[0]), knee_tokens=knee,
-                                 abs_rel_p50=float(np.percentile(np.abs(relative), 50)),
-                                 abs_rel_p95=float(np.percentile(np.abs(relative), 95)),
-                                 mean_rel=float(relative.mean()))
-    return model, residuals
+    return model, residuals(model, steps, knee)
+
+
+def modelled_seconds(model: LinearStepTime, steps: np.ndarray) -> np.ndarray:
+    """``model.step_time`` of every timed step at once (one array op per term, not a call per step)."""
+    tokens, seqs, context, attention, prefills = (steps[:, i] for i in range(SECONDS))
+    return (model.overhead_s + np.maximum(model.floor_s, model.intercept_s + model.per_token_s * tokens)
+            + model.per_seq_s * seqs + model.per_context_token_s * context + model.prefill_attention_s * attention
+            + model.per_prefill_seq_s * prefills)
+
+
+def residuals(model: LinearStepTime, steps: np.ndarray, knee: float | None = None) -> StepFitResiduals:
+    """How well ``model`` times ``steps``: its relative errors' summary, with the fit's ``knee`` (by default
+    read back from the model's floor)."""
+    seconds = steps[:, SECONDS]
+    relative = (modelled_seconds(model, steps) - seconds) / seconds
+    if knee is None:
+        knee = model.floor_s / model.per_token_s if model.per_token_s > 0 else 0.0
+    return StepFitResiduals(steps=int(steps.shape[0]), knee_tokens=knee,
+                            abs_rel_p50=float(np.percentile(np.abs(relative), 50)),
+                            abs_rel_p95=float(np.percentile(np.abs(relative), 95)),
+                            mean_rel=float(relative.mean()))
