@@ -210,8 +210,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                      help="more timed steps of the same replica and scheduler settings (a steps.csv, e.g. from a "
                           "capacity sweep of the replay's own requests), pooled with the replay's for the step-time "
                           "fit: batches the replay never ran are then measured, not extrapolated; repeatable. "
-                          "A sweep's light rates give most of its steps and pull the linear fit toward light "
-                          "batches (docs/real-vllm.md, seventh run): pool steps from the loads you will run")
+                          "Steps timed in another run come from an engine that may have run at another speed: "
+                          "pooled, they were not better on the whole where that drifted (docs/real-vllm.md, "
+                          "seventh run)")
     cal.add_argument("--json", action="store_true", help="also print the table as JSON")
     cal.set_defaults(func=run_calibrate)
 
