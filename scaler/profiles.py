@@ -28,7 +28,7 @@ import numpy as np
 
 from scaler.capacity import DECODE_REFERENCE_CONTEXT, ReplicaCapacity
 from scaler.kv_memory import GIB, MemoryLedger
-from scaler.step_time import LinearStepTime
+from scaler.step_time import LinearStepTime, check_jitter_table
 
 DEFAULT_TPOT_SLO_S = 0.1
 DEFAULT_CONTEXT_TOKENS = DECODE_REFERENCE_CONTEXT
@@ -50,8 +50,14 @@ class PerformanceProfile:
     scheduler_reserve_full_isl: bool = True
     """vLLM's ``--scheduler-reserve-full-isl`` (default on since it exists; vLLM 0.11 had no such check):
     admit a waiting request only if the free KV blocks hold its whole sequence, not just its first chunk."""
+    step_jitter: tuple[float, ...] = ()
+    """How real steps scatter around ``step_time``: quantiles of real / modelled step time at equally spaced
+    probabilities, mean 1 (``simulator.step_jitter``); empty: every step takes the model's time. Calibration on
+    timed steps writes it; the built-in profiles have no per-step measurement and leave it empty."""
 
     def __post_init__(self) -> None:
+        jitter = check_jitter_table(self.step_jitter, f"profile {self.name!r}: step_jitter")
+        object.__setattr__(self, "step_jitter", jitter)  # a list from YAML or a caller: stored as a tuple
         problems = [f"{k}={getattr(self, k)!r}: must be an integer > 0"
                     for k in ("max_num_seqs", "max_num_batched_tokens", "max_model_len")
                     if not (isinstance(getattr(self, k), int) and getattr(self, k) > 0)]
@@ -107,7 +113,8 @@ class PerformanceProfile:
                 "max_num_seqs": self.max_num_seqs, "max_num_batched_tokens": self.max_num_batched_tokens,
                 "max_model_len": self.max_model_len, "num_gpu_blocks": self.num_gpu_blocks,
                 "scheduler_reserve_full_isl": self.scheduler_reserve_full_isl,
-                "memory": asdict(self.memory), "step_time": self.step_time.to_dict(), "source": self.source}
+                "memory": asdict(self.memory), "step_time": self.step_time.to_dict(),
+                **({"step_jitter": list(self.step_jitter)} if self.step_jitter else {}), "source": self.source}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], where: str = "profile") -> PerformanceProfile:
@@ -116,7 +123,7 @@ class PerformanceProfile:
             raise ValueError(f"{where}: expected a mapping, got {type(data).__name__}")
         required = ("name", "memory", "step_time", "max_num_seqs", "max_num_batched_tokens", "max_model_len")
         missing = [k for k in required if k not in data]
-        known = {*required, "gpu", "model", "source", "num_gpu_blocks", "scheduler_reserve_full_isl"}
+        known = {*required, "gpu", "model", "source", "num_gpu_blocks", "scheduler_reserve_full_isl", "step_jitter"}
         unknown = sorted(set(data) - known)
         if missing or unknown:
             raise ValueError(f"{where}: missing keys {missing}, unknown keys {unknown}; allowed {sorted(known)}")
@@ -133,7 +140,8 @@ class PerformanceProfile:
         return cls(name=str(data["name"]), gpu=str(data.get("gpu", "")), model=str(data.get("model", "")),
                    step_time=LinearStepTime.from_dict(data["step_time"]), memory=memory,
                    source=str(data.get("source", "")),
-                   scheduler_reserve_full_isl=data.get("scheduler_reserve_full_isl", True), **limits)
+                   scheduler_reserve_full_isl=data.get("scheduler_reserve_full_isl", True),
+                   step_jitter=check_jitter_table(data.get("step_jitter", []), f"{where}.step_jitter"), **limits)
 
 
 @functools.lru_cache(maxsize=256)

@@ -27,8 +27,9 @@ over whole stretches of decode steps (``DecodeRun``).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -77,6 +78,10 @@ class DecodeRun:
         while self.total(k + 1) <= elapsed_s:
             k += 1
         return k
+
+    def add_to(self, itl: Any, done: int, j: int, weight: float) -> None:
+        """Steps ``done .. done + j - 1`` into an inter-token histogram (``simulator.results.LatencyHistogram``)."""
+        itl.add_arithmetic(self.first_s + self.growth_s * done, self.growth_s, j, weight)
 
     def step_durations(self, k: int) -> np.ndarray:
         """The first ``k`` step durations (used for histograms of short runs)."""
@@ -145,6 +150,37 @@ class LinearStepTime:
             except (TypeError, ValueError):
                 raise ValueError(f"step_time.{k}={data[k]!r}: must be a number >= 0") from None
         return cls(**values)
+
+
+def table_mean(table: Sequence[float]) -> float:
+    """The mean of a step-jitter table (``simulator.step_jitter``): of the piecewise-linear inverse CDF it
+    defines, which the trapezoid rule gives exactly."""
+    t = np.asarray(table, dtype=float)
+    return float(((t[:-1] + t[1:]) / 2.0).mean())
+
+
+def check_jitter_table(table: object, where: str = "step_jitter") -> tuple[float, ...]:
+    """``table`` as a validated tuple, or a ValueError naming what is wrong (empty: no jitter)."""
+    if not isinstance(table, (list, tuple)):
+        raise ValueError(f"{where}={table!r}: must be a list of numbers (quantiles of real / modelled step time)")
+    if len(table) == 0:
+        return ()
+    values = []
+    for i, x in enumerate(table):
+        if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or x <= 0:
+            raise ValueError(f"{where}[{i}]={x!r}: must be a finite number > 0")
+        values.append(float(x))
+    if len(values) < 2:
+        raise ValueError(f"{where}: {len(values)} value; need at least 2 quantiles (or none: no jitter)")
+    for i in range(1, len(values)):
+        if values[i] < values[i - 1]:
+            raise ValueError(f"{where}[{i}]={values[i]!r} < {where}[{i - 1}]={values[i - 1]!r}: quantiles must "
+                             "not decrease")
+    mean = table_mean(values)
+    if abs(mean - 1.0) > 1e-6:
+        raise ValueError(f"{where}: its mean is {mean:.6g}; must be 1 (within 1e-6) so that the step-time model "
+                         "keeps the mean step (rescale the quantiles by 1 / mean)")
+    return tuple(values)
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,8 @@ What is fitted, and from what:
   budget), so pass the flag too.
 - Step time (``LinearStepTime``), from the replay's timed engine steps when it has them (``steps.csv``,
   written by an in-process run: ``simulator.step_log``; every coefficient, the floor as a knee and the
-  intercept 0, by bounded least squares on each step's batch), else ``overhead_s``, ``per_token_s``, ``per_seq_s`` and
+  intercept 0, by bounded least squares on each step's batch; and how the steps scatter around that fit as
+  the profile's ``step_jitter``, ``simulator.step_jitter``), else ``overhead_s``, ``per_token_s``, ``per_seq_s`` and
   ``per_context_token_s`` by simulating the replayed requests (their actual send times and the
   server's token counts) and minimising the squared log-ratio of simulated to measured engine-side
   means (TTFT, E2E, queue and inter-token latency: exact sums/counts of vLLM's own histograms) and
@@ -40,7 +41,16 @@ from scaler.profiles import PerformanceProfile
 from scaler.step_time import LinearStepTime
 from simulator.replay_metrics import histogram_delta, histogram_quantile, load_timeline, metric_sum, server_means
 from simulator.replay_records import RequestRecord, read_records
-from simulator.step_log import MIN_STEPS, STEP_TIME_METHODS, STEPS_FILE, fit_step_time, read_steps
+from simulator.step_jitter import jitter_table
+from simulator.step_log import (
+    MIN_STEPS,
+    SECONDS,
+    STEP_TIME_METHODS,
+    STEPS_FILE,
+    fit_step_time,
+    modelled_seconds,
+    read_steps,
+)
 from simulator.workload import Workload
 
 FIT_PARAMS = ("overhead_s", "per_token_s", "per_seq_s", "per_context_token_s")
@@ -246,8 +256,14 @@ def fit(m: Measured, max_num_seqs: int | None = None, max_num_batched_tokens: in
     if step_time_method(m, step_time) == "steps":
         assert m.steps is not None
         model, residuals = fit_step_time(m.steps)
-        return build_profile(m, model, seqs, budget, note, how=f"fitted on the replay's {residuals.describe()} "
-                                                              "(simulator/step_log.py)")
+        ratios = m.steps[:, SECONDS] / modelled_seconds(model, m.steps)
+        jitter = jitter_table(ratios)
+        spread = np.quantile(ratios / float(np.mean(ratios)), [0.1, 0.5, 0.9])
+        profile = build_profile(m, model, seqs, budget, note, how=(
+            f"fitted on the replay's {residuals.describe()} (simulator/step_log.py); step jitter: real / modelled "
+            f"step time p10 {spread[0]:.3f}, p50 {spread[1]:.3f}, p90 {spread[2]:.3f} of its mean "
+            "(simulator/step_jitter.py)"))
+        return dataclasses.replace(profile, step_jitter=jitter)
     start = initial_step_time(m, seqs)
     base = start.to_dict()
 

@@ -29,18 +29,19 @@ import numpy as np
 from simulator import numba_cache
 from simulator.kv_cache import whole_cached_tokens
 from simulator.results import FINISHED
+from simulator.step_jitter import JITTERED_RUN_STEPS, STREAM_STRIDE
 
 numba_cache.guard()  # before any cached function loads: stale inlined code would run otherwise
 
 ID, NTOK, COMP, LEFT, NEW = range(5)
 # integer fields of iv[r]
 (N, SHIFT, COMP_SUM, NEW_SUM, FRESH, N_RUNNING, ADM_CACHED, WTOK, OUTST, RUN_K, RUN_DONE, RUN_FIN, VERSION,
- ALL_DEC, FAST, RUN_ON, BUSY, WHEAD, WTAIL, WLEN, PKV, FKV, HCACHED, HFULL, N_INT) = range(25)
+ ALL_DEC, FAST, RUN_ON, BUSY, WHEAD, WTAIL, WLEN, PKV, FKV, HCACHED, HFULL, STEPS, N_INT) = range(26)
 # PKV: the KV blocks preempted requests left cached (``PrefixCache.park``; each one's in ``Log.park``);
 # FKV: the full blocks finished requests freed behind them in the free queue (``PrefixCache.retire``; those
 # freed after a parked request and before the next newer one are in ``Log.fill`` of that request);
 # HCACHED: the cached tokens of the waiting head that ``head_tokens`` last looked at; HFULL: the tokens of
-# that head the admission gate must fit (``SchedulerState._head_full``)
+# that head the admission gate must fit (``SchedulerState._head_full``); STEPS: steps started (the jitter's counter)
 # float fields of fv[r]
 CLOCK, BUSY_UNTIL, RUN_START, RUN_FIRST, RUN_GROWTH, STEP_S, ADM_ATTN, N_FLOAT = range(8)
 # the step-time model's coefficients (LinearStepTime, in its field order)
@@ -91,6 +92,9 @@ class Fleet(NamedTuple):
     fv: np.ndarray
     cfg: np.ndarray
     model: np.ndarray
+    jitter: np.ndarray  # the profile's step_jitter quantiles; empty: no jitter
+    jdur: np.ndarray  # (replicas, JITTERED_RUN_STEPS): a jittered decode run's step durations (``JitteredRun``)
+    jend: np.ndarray  # their running sums: the run's step ends after its start
 
 
 class Itl(NamedTuple):
@@ -117,7 +121,10 @@ def new_fleet(replicas: int, profile: object, now: float = 0.0) -> Fleet:
                       st.per_context_token_s, st.prefill_attention_s, st.per_prefill_seq_s], np.float64)
     cfg = np.array([p.block_size, p.usable_blocks, p.max_num_batched_tokens, seqs, p.admission_cap],  # type: ignore[attr-defined]
                    np.int64)
-    return Fleet(np.zeros((replicas, 5, seqs), np.int64), np.zeros((replicas, seqs), np.int64), iv, fv, cfg, model)
+    jitter = np.array(p.step_jitter, np.float64).reshape(-1)  # type: ignore[attr-defined]
+    run_buffer = np.zeros((replicas, JITTERED_RUN_STEPS if jitter.size else 0), np.float64)
+    return Fleet(np.zeros((replicas, 5, seqs), np.int64), np.zeros((replicas, seqs), np.int64), iv, fv, cfg, model,
+                 jitter, run_buffer, run_buffer.copy())
 
 
 # ----- small helpers --------------------------------------------------------------------------------------
@@ -128,6 +135,34 @@ def step_time(m: np.ndarray, tokens: int, seqs: int, decode_context: float, pref
     linear = max(m[FLOOR], m[INTERCEPT] + m[PER_TOKEN] * tokens)
     return (m[OVERHEAD] + linear + m[PER_SEQ] * seqs + m[PER_CONTEXT] * decode_context
             + m[PREFILL_ATTN] * prefill_attention + m[PER_PREFILL_SEQ] * prefill_seqs)
+
+
+_GOLDEN, _MIX1, _MIX2 = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+_STRIDE = np.uint64(STREAM_STRIDE)
+
+
+@njit(cache=True)
+def jitter_factor(table: np.ndarray, stream: int, step: int) -> float:
+    """``step_jitter.jitter_factor``: the same integers and float operations, so both engines agree bit for bit."""
+    z = np.uint64(stream) * _STRIDE + np.uint64(step) + _GOLDEN
+    z = (z ^ (z >> np.uint64(30))) * _MIX1
+    z = (z ^ (z >> np.uint64(27))) * _MIX2
+    z = z ^ (z >> np.uint64(31))
+    u = float(z >> np.uint64(11)) * (1.0 / 9007199254740992.0)
+    pos = u * (table.shape[0] - 1)
+    i = min(int(pos), table.shape[0] - 2)
+    frac = pos - i
+    return table[i] + (table[i + 1] - table[i]) * frac
+
+
+@njit(cache=True, inline="always")
+def jittered(q: Fleet, r: int, seconds: float) -> float:
+    """``SchedulerState._jitter_factor`` applied: ``seconds`` times the factor of replica ``r``'s next step."""
+    if q.jitter.shape[0] == 0:
+        return seconds
+    f = jitter_factor(q.jitter, r, q.iv[r, STEPS])
+    q.iv[r, STEPS] += 1
+    return seconds * f
 
 
 @njit(cache=True)
@@ -209,6 +244,23 @@ def steps_within(first: float, growth: float, elapsed_s: float) -> int:
     while run_total(first, growth, k + 1) <= elapsed_s:
         k += 1
     return k
+
+
+@njit(cache=True, inline="always")
+def run_time(q: Fleet, r: int, k: int) -> float:
+    """Seconds the first ``k`` steps of replica ``r``'s decode run take (``DecodeRun``/``JitteredRun.total``)."""
+    if q.jitter.shape[0]:
+        return q.jend[r, k - 1] if k > 0 else 0.0
+    return run_total(q.fv[r, RUN_FIRST], q.fv[r, RUN_GROWTH], k)
+
+
+@njit(cache=True, inline="always")
+def run_steps_within(q: Fleet, r: int, elapsed_s: float) -> int:
+    """Whole steps of replica ``r``'s decode run over by ``elapsed_s`` after its start (``steps_within``): at most
+    the run's planned steps when jittered, which every caller caps at ``RUN_K`` or less anyway."""
+    if q.jitter.shape[0]:
+        return int(np.searchsorted(q.jend[r, :q.iv[r, RUN_K]], elapsed_s, side="right"))
+    return steps_within(q.fv[r, RUN_FIRST], q.fv[r, RUN_GROWTH], elapsed_s)
 
 
 @njit(cache=True)
@@ -487,7 +539,7 @@ def start_step(q: Fleet, L: Log, r: int) -> float:
     if n == 0:
         iv[r, BUSY] = 0
         if preempted:
-            fv[r, STEP_S] = step_time(q.model, 0, 0, 0.0, 0.0, 0)
+            fv[r, STEP_S] = jittered(q, r, step_time(q.model, 0, 0, 0.0, 0.0, 0))
             fv[r, BUSY_UNTIL] = fv[r, CLOCK] + fv[r, STEP_S]
             iv[r, BUSY] = 1
             return fv[r, BUSY_UNTIL]
@@ -511,7 +563,8 @@ def start_step(q: Fleet, L: Log, r: int) -> float:
         fv[r, ADM_ATTN] += pairwise_sum(attn, 0, n_partial)
         n0 = n_partial + decodes
     admitted = n - iv[r, N_RUNNING]
-    fv[r, STEP_S] = step_time(q.model, iv[r, NEW_SUM], n0 + admitted, context, fv[r, ADM_ATTN], n_partial + admitted)
+    fv[r, STEP_S] = jittered(q, r, step_time(q.model, iv[r, NEW_SUM], n0 + admitted, context, fv[r, ADM_ATTN],
+                                             n_partial + admitted))
     fv[r, BUSY_UNTIL] = fv[r, CLOCK] + fv[r, STEP_S]
     iv[r, BUSY] = 1
     return fv[r, BUSY_UNTIL]
@@ -746,10 +799,10 @@ def enqueue(q: Fleet, L: Log, h: Itl, r: int, rid: int, now: float) -> float:
             return fv[r, BUSY_UNTIL]
         return NONE
     if iv[r, RUN_ON] and iv[r, RUN_K] - iv[r, RUN_DONE] > 1:
-        done = steps_within(fv[r, RUN_FIRST], fv[r, RUN_GROWTH], now - fv[r, RUN_START])
+        done = run_steps_within(q, r, now - fv[r, RUN_START])
         if done + 1 < iv[r, RUN_K]:
             iv[r, RUN_K] = done + 1
-            fv[r, BUSY_UNTIL] = fv[r, RUN_START] + run_total(fv[r, RUN_FIRST], fv[r, RUN_GROWTH], iv[r, RUN_K])
+            fv[r, BUSY_UNTIL] = fv[r, RUN_START] + run_time(q, r, iv[r, RUN_K])
             return fv[r, BUSY_UNTIL]
     return NONE
 
@@ -770,7 +823,7 @@ def gateway_tokens(q: Fleet, r: int, now: float) -> int:
     iv, fv = q.iv, q.fv
     if not iv[r, RUN_ON] or now <= fv[r, RUN_START]:
         return iv[r, OUTST]
-    done = min(steps_within(fv[r, RUN_FIRST], fv[r, RUN_GROWTH], now - fv[r, RUN_START]), iv[r, RUN_K])
+    done = min(run_steps_within(q, r, now - fv[r, RUN_START]), iv[r, RUN_K])
     return iv[r, OUTST] + iv[r, N] * max(done - iv[r, RUN_DONE], 0)
 
 
@@ -779,7 +832,7 @@ def sync(q: Fleet, L: Log, h: Itl, r: int, now: float) -> None:
     """``Replica.sync``: apply the decode-run steps already over at ``now``."""
     iv, fv = q.iv, q.fv
     if iv[r, RUN_ON] and iv[r, BUSY] and now < fv[r, BUSY_UNTIL]:
-        done = min(steps_within(fv[r, RUN_FIRST], fv[r, RUN_GROWTH], now - fv[r, RUN_START]), iv[r, RUN_K] - 1)
+        done = min(run_steps_within(q, r, now - fv[r, RUN_START]), iv[r, RUN_K] - 1)
         if done > iv[r, RUN_DONE]:
             apply_run(q, L, h, r, done - iv[r, RUN_DONE])
 
@@ -835,8 +888,18 @@ def plan_run(q: Fleet, L: Log, r: int) -> float:
     growth = st[PER_CONTEXT] * n
     iv[r, RUN_ON] = 1
     fv[r, RUN_FIRST], fv[r, RUN_GROWTH] = first, growth
+    if q.jitter.shape[0]:  # ``JitteredRun``: each step its own factor, the times summed
+        k = min(k, JITTERED_RUN_STEPS)
+        end = 0.0
+        for i in range(k):
+            q.jdur[r, i] = (first + growth * float(i)) * jitter_factor(q.jitter, r, iv[r, STEPS] + i)
+            end += q.jdur[r, i]
+            q.jend[r, i] = end
     fv[r, RUN_START], iv[r, RUN_K], iv[r, RUN_DONE] = fv[r, CLOCK], k, 0
-    fv[r, BUSY_UNTIL] = fv[r, CLOCK] + k * first + growth * k * (k - 1) / 2.0
+    if q.jitter.shape[0]:
+        fv[r, BUSY_UNTIL] = fv[r, CLOCK] + q.jend[r, k - 1]
+    else:
+        fv[r, BUSY_UNTIL] = fv[r, CLOCK] + k * first + growth * k * (k - 1) / 2.0
     iv[r, BUSY] = 1
     return fv[r, BUSY_UNTIL]
 
@@ -868,16 +931,21 @@ def apply_run(q: Fleet, L: Log, h: Itl, r: int, j: int) -> None:
         return
     n = iv[r, N]
     if j > 0:
-        add_run(h, fv[r, RUN_FIRST] + fv[r, RUN_GROWTH] * iv[r, RUN_DONE], fv[r, RUN_GROWTH], j, float(n))
+        if q.jitter.shape[0]:
+            for i in range(iv[r, RUN_DONE], iv[r, RUN_DONE] + j):
+                add_run(h, q.jdur[r, i], 0.0, 1, float(n))
+        else:
+            add_run(h, fv[r, RUN_FIRST] + fv[r, RUN_GROWTH] * iv[r, RUN_DONE], fv[r, RUN_GROWTH], j, float(n))
         iv[r, SHIFT] += j
         iv[r, COMP_SUM] += n * j
         iv[r, OUTST] += n * j
         iv[r, RUN_DONE] += j
     if iv[r, RUN_DONE] == iv[r, RUN_K]:
+        iv[r, STEPS] += iv[r, RUN_K]
         iv[r, RUN_ON] = iv[r, BUSY] = 0
         iv[r, NEW_SUM] = 0
         if iv[r, PKV]:
             trim_cache(q, L, r)
         if iv[r, RUN_K] == iv[r, RUN_FIN]:
-            finish_done(q, L, r, fv[r, RUN_START] + run_total(fv[r, RUN_FIRST], fv[r, RUN_GROWTH], iv[r, RUN_K]))
+            finish_done(q, L, r, fv[r, RUN_START] + run_time(q, r, iv[r, RUN_K]))
 

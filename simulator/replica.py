@@ -3,8 +3,9 @@
 Speed: when every running request is decoding, nothing can be admitted and the next blocks fit, the
 batch stays the same until the first request finishes or the free blocks run out. That whole stretch
 is planned at once (``DecodeRun``: step times in closed form) and applied lazily: an arrival cuts it at
-the step in progress, a metrics read applies just the steps already over. The scheduling rules
-themselves (vLLM v1) live in ``scheduler``.
+the step in progress, a metrics read applies just the steps already over. With step jitter (the profile's
+``step_jitter``) each step has its own factor and the run's times are summed instead (``JitteredRun``).
+The scheduling rules themselves (vLLM v1) live in ``scheduler``.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from scaler.histograms import TTFT_BUCKETS
 from scaler.profiles import PerformanceProfile
 from simulator.results import ABORTED, LatencyHistogram, RequestLog
 from simulator.scheduler import COMP, ID, LEFT, NEW, NTOK, SchedulerState
+from simulator.step_jitter import JITTERED_RUN_STEPS, JitteredRun
 
 __all__ = ["COMP", "ID", "LEFT", "NEW", "NTOK", "Replica", "ReplicaMetrics"]
 
@@ -61,7 +63,7 @@ class Replica(SchedulerState):
     def __init__(self, rid: int, profile: PerformanceProfile, log: RequestLog, itl: LatencyHistogram,
                  now: float, prefix: tuple[np.ndarray, np.ndarray, int] | None = None) -> None:
         super().__init__(profile, log, itl, now, prefix)
-        self.id = rid
+        self.id = self.noise_stream = rid
         self.added_s = self.run_start = now
         self.draining = False
         self.version = 0  # the engine's stamp on this replica's pending step event
@@ -198,9 +200,15 @@ class Replica(SchedulerState):
     def _start_run(self, k: int) -> float:
         n = self.n
         self.new_sum = n  # one token each in flight (the NEW row is implied, not written)
-        run = self.run = self.model.decode_run(n, float(self.comp_sum + n))
+        run = self.model.decode_run(n, float(self.comp_sum + n))
+        if self.jitter:
+            k = min(k, JITTERED_RUN_STEPS)
+            self.run = JitteredRun(run.first_s, run.growth_s, self.jitter, self.noise_stream, self.steps_taken, k)
+            self.busy_until = self.clock + self.run.total(k)
+        else:
+            self.run = run
+            self.busy_until = self.clock + k * run.first_s + run.growth_s * k * (k - 1) / 2.0
         self.run_start, self.run_k, self.run_done = self.clock, k, 0
-        self.busy_until = self.clock + k * run.first_s + run.growth_s * k * (k - 1) / 2.0
         return self.busy_until
 
     def _kv_run_length(self, k_fin: int) -> int:
@@ -223,13 +231,14 @@ class Replica(SchedulerState):
         if run is None:
             return
         if j > 0:
-            self.itl.add_arithmetic(run.first_s + run.growth_s * self.run_done, run.growth_s, j, float(n))
+            run.add_to(self.itl, self.run_done, j, float(n))
             self.shift += j  # every running request: j more tokens (NTOK, COMP, LEFT)
             self.comp_sum += n * j
             self.counters["generation_tokens_total"] += n * j
             self.outstanding_tokens += n * j
             self.run_done += j
         if self.run_done == self.run_k:
+            self.steps_taken += self.run_k
             self.run = self.busy_until = None
             self.new_sum = 0
             self._trim_cache()  # the run's last step held the most blocks: evict as its allocations did

@@ -36,6 +36,7 @@ from scaler.profiles import PerformanceProfile
 from scaler.step_time import DecodeRun
 from simulator.kv_cache import PrefixCache
 from simulator.results import FINISHED, LatencyHistogram, RequestLog
+from simulator.step_jitter import JitteredRun, jitter_factor
 
 ID, NTOK, COMP, LEFT, NEW = range(5)  # rows of S; LEFT = tokens - final (< 0 while running)
 
@@ -83,8 +84,11 @@ class SchedulerState:
         # vLLM's prefix cache is on by default: without trace blocks it still keeps preempted requests' blocks
         self.cache = self.prefix if self.prefix is not None else PrefixCache(self.total_blocks, self.bs, self.bs)
         self.busy_until: float | None = None
-        self.run: DecodeRun | None = None  # a decode run in progress (see replica.Replica)
+        self.run: DecodeRun | JitteredRun | None = None  # a decode run in progress (see replica.Replica)
         self.step_s = 0.0
+        self.jitter = profile.step_jitter  # each step's time is the model's times a draw from it (step_jitter)
+        self.noise_stream = 0  # which replica's draws (``Replica`` sets its id)
+        self.steps_taken = 0  # steps started so far: the draw's counter
         self.counters = dict(prompt_tokens_total=0, generation_tokens_total=0, request_success_total=0,
                              num_preemptions_total=0, request_prompt_tokens_sum=0, request_generation_tokens_sum=0)
         # vllm:request_prompt_tokens histogram: finished requests per bucket (le = bounds[i]; last: +Inf)
@@ -239,14 +243,24 @@ class SchedulerState:
         # scheduled running requests + admitted ones; running prefill chunks + admitted ones (each a first chunk)
         self.step_s = self.model.step_time(self.new_sum, n0 + admitted, float(context), self._adm_attn,
                                            partials + admitted)
+        if self.jitter:
+            self.step_s *= self._jitter_factor()
         self.busy_until = self.clock + self.step_s
         return self.busy_until
 
     def _zero_step(self) -> float:
         """Everything running was preempted this step: nothing computes; the next step admits."""
         self.step_s = self.model.step_time(0, 0, 0.0, 0.0, 0)
+        if self.jitter:
+            self.step_s *= self._jitter_factor()
         self.busy_until = self.clock + self.step_s
         return self.busy_until
+
+    def _jitter_factor(self) -> float:
+        """The step about to start takes its modelled time times this (``simulator.step_jitter``)."""
+        factor = jitter_factor(self.jitter, self.noise_stream, self.steps_taken)
+        self.steps_taken += 1
+        return factor
 
     def _schedule_with_preemption(self) -> tuple[int, bool]:
         """vLLM's sequential loop: allocate in order, preempting the newest running request on shortage.
