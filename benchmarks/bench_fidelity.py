@@ -264,7 +264,6 @@ def run_setting_in_process(setting: str, args: argparse.Namespace, root: Path) -
     from fidelity_engine import InProcessEngine
     from support.tiny_model import create_tiny_model
 
-    from scaler.profiles import get_profile
     from simulator.readers import load_trace
 
     seqs, budget = (int(x) for x in setting.split("x"))
@@ -298,6 +297,21 @@ def run_setting_in_process(setting: str, args: argparse.Namespace, root: Path) -
             again = replay_slice(i, rate_of(label, load), seed=100 * r + i + 1)
             engine.write_replay(again, out / f"slice{i}-repeat{r}")
             repeats[label].append(again.metrics())
+    slices = [(path, run.metrics()) for path, run in replays]
+    return fit_tables(setting, out, capacity, saturation, slices, repeats, jitter=not args.no_step_jitter)
+
+
+def fit_tables(setting: str, out: Path, capacity: float, saturation: float,
+               slices: list[tuple[Path, dict[str, float | None]]],
+               repeats: dict[str, list[dict[str, float | None]]], jitter: bool = True) -> dict[str, Any]:
+    """The tables of one setting's real runs (in ``out``): calibrate each fit on slice 0, simulate every slice.
+    ``slices``: each slice's replay directory and its real metrics; ``repeats``: load label -> the repeats'.
+    ``jitter=False`` simulates the step fits without the step jitter calibration measured (for comparison)."""
+    from dataclasses import replace
+
+    from scaler.profiles import get_profile
+
+    seqs, budget = (int(x) for x in setting.split("x"))
     # the sweep replayed the calibration slice's own requests up to saturation: its steps hold the busy batches
     sweep_steps = clean_step_files(sorted((out / "capacity").glob("steps-*.csv")), setting)
     fits = {  # fit name -> (calibrate's --step-time, extra --steps files): all on the same real runs
@@ -313,15 +327,17 @@ def run_setting_in_process(setting: str, args: argparse.Namespace, root: Path) -
     tables = []
     for fit, (method, extra) in fits.items():
         path = out / f"calibrated-{fit}.yaml"
-        leadscale(["calibrate", "--replay", str(replays[0][0]), "--out", str(path), "--max-num-seqs", str(seqs),
+        leadscale(["calibrate", "--replay", str(slices[0][0]), "--out", str(path), "--max-num-seqs", str(seqs),
                    "--max-num-batched-tokens", str(budget), "--step-time", method,
                    *[arg for step_file in extra for arg in ("--steps", str(step_file))]])
         profile = get_profile(str(path))
+        if not jitter:
+            profile = replace(profile, step_jitter=())
         table: dict[str, Any] = {"setting": setting, "fit": fit, "engine": "in-process", "capacity_rps": capacity,
                                  "saturation_rps": saturation, "loads": {}}
         if method == "steps":  # how calibrate's fit times the steps it was fitted on, and each run's
             model = profile.step_time
-            fitted = residuals(model, np.concatenate([replays[0][1].steps, *(sweep_steps[f] for f in extra)]))
+            fitted = residuals(model, np.concatenate([runs["slice0"], *(sweep_steps[f] for f in extra)]))
             table["coefficients"], table["residuals"] = model.to_dict(), fitted.to_dict()
             print(f"[{setting} in-process] {fit} fit {model.to_dict()}: residuals {fitted.describe()}",
                   file=sys.stderr)
@@ -331,8 +347,7 @@ def run_setting_in_process(setting: str, args: argparse.Namespace, root: Path) -
                 print(f"[{setting} in-process] WARNING: the {fit} fit's steps scatter {fitted.abs_rel_p50:.0%} "
                       f"around it (clean runs here: 5-10 %): something else had the cores; the table measures the "
                       "machine, not the simulator. Rerun on an idle machine.", file=sys.stderr)
-        for (label, load), (replay, run) in zip(LOADS, replays, strict=True):
-            first = run.metrics()
+        for (label, load), (replay, first) in zip(LOADS, slices, strict=True):
             real = {k: (v, None) for k, v in first.items()}  # the engine's own: no second reading
             retest = retest_spread(first, repeats[label]) if repeats[label] else None
             table["loads"][label] = load_row(load, real, simulated_values(profile, replay), retest)
@@ -340,6 +355,34 @@ def run_setting_in_process(setting: str, args: argparse.Namespace, root: Path) -
     head, *others = tables
     head["other_fits"] = others
     return head
+
+
+def metrics_on_disk(replay: Path) -> dict[str, float | None]:
+    """``EngineRun.metrics`` of a kept in-process replay: its summary, and the most requests it had waiting."""
+    from simulator.replay_metrics import load_timeline, metric_sum
+
+    summary = json.loads((replay / "summary.json").read_text())
+    last = [x for x in load_timeline(replay / "metrics.jsonl") if x.get("ok")][-1]
+    return {**{k: summary.get(k) for k in METRICS[:-1]},
+            "max_waiting": metric_sum(last["samples"], "vllm:num_requests_waiting")}
+
+
+def reanalyse(root: Path, jitter: bool = True) -> list[dict[str, Any]]:
+    """The tables again from the real runs a ``--engine in-process --out ROOT`` run kept, with this checkout's
+    calibration and simulator: no vLLM needed, so a change to the replica model is measured on the same real
+    runs it is meant to fit (and the machine's drift between runs stays out of the comparison)."""
+    tables = []
+    for out in sorted(root.glob("*-in-process")):
+        setting = out.name.removesuffix("-in-process")
+        capacity = json.loads((out / "capacity" / "capacity.json").read_text())
+        slices = [(out / f"slice{i}", metrics_on_disk(out / f"slice{i}")) for i in range(len(LOADS))]
+        repeats = {label: [metrics_on_disk(path) for path in sorted(out.glob(f"slice{i}-repeat*"))]
+                   for i, (label, _) in enumerate(LOADS)}
+        tables.append(fit_tables(setting, out, float(capacity["knee"]), float(capacity["saturation"]), slices,
+                                 repeats, jitter))
+    if not tables:
+        raise SystemExit(f"--reanalyse {root}: no SETTING-in-process directory in it (keep one with --out)")
+    return tables
 
 
 def in_own_process(setting: str, argv: list[str] | None, root: Path) -> dict[str, Any]:
@@ -423,7 +466,20 @@ def main(argv: list[str] | None = None) -> int:
                              "requests and arrivals) and print the real engine's retest spread beside each error")
     parser.add_argument("--out", type=Path, default=None, help="keep the replays and profiles here")
     parser.add_argument("--json", type=Path, default=None, help="also write the tables here")
+    parser.add_argument("--reanalyse", type=Path, default=None, metavar="ROOT",
+                        help="no vLLM: the tables again from the real runs an earlier --engine in-process --out ROOT "
+                             "kept, calibrated and simulated by this checkout (its profiles are rewritten)")
+    parser.add_argument("--no-step-jitter", action="store_true",
+                        help="simulate the step fits without the step jitter calibration measured: deterministic "
+                             "steps, as before it existed (to see what the jitter changes)")
     args = parser.parse_args(argv)
+    if args.reanalyse is not None:
+        tables = reanalyse(args.reanalyse, jitter=not args.no_step_jitter)
+        for table in tables:
+            print_table(table)
+        if args.json:
+            args.json.write_text(json.dumps(tables, indent=1))
+        return 0
     if not TRACE.exists():
         raise SystemExit(f"the shared trace {TRACE} is missing")
     if args.repeats < 1 or (args.repeats > 1 and args.engine != "in-process"):

@@ -44,6 +44,7 @@ from simulator.replay_records import RequestRecord, read_records
 from simulator.step_jitter import jitter_table
 from simulator.step_log import (
     MIN_STEPS,
+    PREFILL_SEQS,
     SECONDS,
     STEP_TIME_METHODS,
     STEPS_FILE,
@@ -53,6 +54,8 @@ from simulator.step_log import (
 )
 from simulator.workload import Workload
 
+MIN_JITTER_STEPS = 30
+"""Timed steps of one kind (with or without a prefill chunk) below which calibration writes no jitter table."""
 FIT_PARAMS = ("overhead_s", "per_token_s", "per_seq_s", "per_context_token_s")
 # (simulator summary key, measured key): engine means come from vLLM's histograms, the rest from the client
 OBJECTIVE = (("ttft_mean", "server_ttft_mean"), ("e2e_mean", "server_e2e_mean"), ("queue_mean", "server_queue_mean"),
@@ -233,6 +236,25 @@ def _loss(sim: dict[str, Any], m: Measured) -> float:
     return total
 
 
+def measured_jitter(model: LinearStepTime, steps: np.ndarray) -> dict[str, tuple[tuple[float, ...], str]]:
+    """The profile's two jitter tables (``step_jitter``: steps without a prefill chunk; ``prefill_step_jitter``:
+    steps with one), each from the real / modelled times of its own steps, and a note on each for the source. A
+    kind with fewer than ``MIN_JITTER_STEPS`` steps gets none (its steps take the model's time): a hundred
+    quantiles of a handful of steps would be the handful."""
+    ratios = steps[:, SECONDS] / modelled_seconds(model, steps)
+    prefill = steps[:, PREFILL_SEQS] > 0
+    out: dict[str, tuple[tuple[float, ...], str]] = {}
+    for key, kind, mask in (("step_jitter", "decode", ~prefill), ("prefill_step_jitter", "prefill", prefill)):
+        mine = ratios[mask]
+        if mine.size < MIN_JITTER_STEPS:
+            out[key] = ((), f"{kind} steps: {mine.size} timed, too few for a jitter table (need {MIN_JITTER_STEPS})")
+            continue
+        p10, p50, p90 = np.quantile(mine / mine.mean(), [0.1, 0.5, 0.9])
+        out[key] = (jitter_table(mine), f"{kind} step jitter over {mine.size} steps: real / modelled p10 {p10:.3f}, "
+                                        f"p50 {p50:.3f}, p90 {p90:.3f} of its mean (simulator/step_jitter.py)")
+    return out
+
+
 def step_time_method(m: Measured, method: str) -> str:
     """``steps`` or ``outcomes``: what ``fit`` fits the step time on, given ``--step-time`` (``method``)."""
     if method not in STEP_TIME_METHODS:
@@ -256,14 +278,12 @@ def fit(m: Measured, max_num_seqs: int | None = None, max_num_batched_tokens: in
     if step_time_method(m, step_time) == "steps":
         assert m.steps is not None
         model, residuals = fit_step_time(m.steps)
-        ratios = m.steps[:, SECONDS] / modelled_seconds(model, m.steps)
-        jitter = jitter_table(ratios)
-        spread = np.quantile(ratios / float(np.mean(ratios)), [0.1, 0.5, 0.9])
+        jitter = measured_jitter(model, m.steps)
         profile = build_profile(m, model, seqs, budget, note, how=(
-            f"fitted on the replay's {residuals.describe()} (simulator/step_log.py); step jitter: real / modelled "
-            f"step time p10 {spread[0]:.3f}, p50 {spread[1]:.3f}, p90 {spread[2]:.3f} of its mean "
-            "(simulator/step_jitter.py)"))
-        return dataclasses.replace(profile, step_jitter=jitter)
+            f"fitted on the replay's {residuals.describe()} (simulator/step_log.py); "
+            + "; ".join(note for _, note in jitter.values())))
+        return dataclasses.replace(profile, step_jitter=jitter["step_jitter"][0],
+                                   prefill_step_jitter=jitter["prefill_step_jitter"][0])
     start = initial_step_time(m, seqs)
     base = start.to_dict()
 

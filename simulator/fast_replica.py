@@ -92,7 +92,8 @@ class Fleet(NamedTuple):
     fv: np.ndarray
     cfg: np.ndarray
     model: np.ndarray
-    jitter: np.ndarray  # the profile's step_jitter quantiles; empty: no jitter
+    jitter: np.ndarray  # the profile's step_jitter quantiles (decode steps); empty: no jitter
+    pjitter: np.ndarray  # its prefill_step_jitter (steps with a prefill chunk)
     jdur: np.ndarray  # (replicas, JITTERED_RUN_STEPS): a jittered decode run's step durations (``JitteredRun``)
     jend: np.ndarray  # their running sums: the run's step ends after its start
 
@@ -122,9 +123,10 @@ def new_fleet(replicas: int, profile: object, now: float = 0.0) -> Fleet:
     cfg = np.array([p.block_size, p.usable_blocks, p.max_num_batched_tokens, seqs, p.admission_cap],  # type: ignore[attr-defined]
                    np.int64)
     jitter = np.array(p.step_jitter, np.float64).reshape(-1)  # type: ignore[attr-defined]
+    pjitter = np.array(p.prefill_step_jitter, np.float64).reshape(-1)  # type: ignore[attr-defined]
     run_buffer = np.zeros((replicas, JITTERED_RUN_STEPS if jitter.size else 0), np.float64)
     return Fleet(np.zeros((replicas, 5, seqs), np.int64), np.zeros((replicas, seqs), np.int64), iv, fv, cfg, model,
-                 jitter, run_buffer, run_buffer.copy())
+                 jitter, pjitter, run_buffer, run_buffer.copy())
 
 
 # ----- small helpers --------------------------------------------------------------------------------------
@@ -156,11 +158,11 @@ def jitter_factor(table: np.ndarray, stream: int, step: int) -> float:
 
 
 @njit(cache=True, inline="always")
-def jittered(q: Fleet, r: int, seconds: float) -> float:
+def jittered(q: Fleet, r: int, seconds: float, table: np.ndarray) -> float:
     """``SchedulerState._jitter_factor`` applied: ``seconds`` times the factor of replica ``r``'s next step."""
-    if q.jitter.shape[0] == 0:
+    if table.shape[0] == 0:
         return seconds
-    f = jitter_factor(q.jitter, r, q.iv[r, STEPS])
+    f = jitter_factor(table, r, q.iv[r, STEPS])
     q.iv[r, STEPS] += 1
     return seconds * f
 
@@ -539,7 +541,7 @@ def start_step(q: Fleet, L: Log, r: int) -> float:
     if n == 0:
         iv[r, BUSY] = 0
         if preempted:
-            fv[r, STEP_S] = jittered(q, r, step_time(q.model, 0, 0, 0.0, 0.0, 0))
+            fv[r, STEP_S] = jittered(q, r, step_time(q.model, 0, 0, 0.0, 0.0, 0), q.jitter)
             fv[r, BUSY_UNTIL] = fv[r, CLOCK] + fv[r, STEP_S]
             iv[r, BUSY] = 1
             return fv[r, BUSY_UNTIL]
@@ -564,7 +566,7 @@ def start_step(q: Fleet, L: Log, r: int) -> float:
         n0 = n_partial + decodes
     admitted = n - iv[r, N_RUNNING]
     fv[r, STEP_S] = jittered(q, r, step_time(q.model, iv[r, NEW_SUM], n0 + admitted, context, fv[r, ADM_ATTN],
-                                             n_partial + admitted))
+                                             n_partial + admitted), q.pjitter if n_partial + admitted else q.jitter)
     fv[r, BUSY_UNTIL] = fv[r, CLOCK] + fv[r, STEP_S]
     iv[r, BUSY] = 1
     return fv[r, BUSY_UNTIL]

@@ -86,7 +86,8 @@ class SchedulerState:
         self.busy_until: float | None = None
         self.run: DecodeRun | JitteredRun | None = None  # a decode run in progress (see replica.Replica)
         self.step_s = 0.0
-        self.jitter = profile.step_jitter  # each step's time is the model's times a draw from it (step_jitter)
+        self.jitter = profile.step_jitter  # a decode step's time is the model's times a draw from it (step_jitter)
+        self.prefill_jitter = profile.prefill_step_jitter  # and a step with a prefill chunk's, from this one
         self.noise_stream = 0  # which replica's draws (``Replica`` sets its id)
         self.steps_taken = 0  # steps started so far: the draw's counter
         self.counters = dict(prompt_tokens_total=0, generation_tokens_total=0, request_success_total=0,
@@ -243,8 +244,9 @@ class SchedulerState:
         # scheduled running requests + admitted ones; running prefill chunks + admitted ones (each a first chunk)
         self.step_s = self.model.step_time(self.new_sum, n0 + admitted, float(context), self._adm_attn,
                                            partials + admitted)
-        if self.jitter:
-            self.step_s *= self._jitter_factor()
+        table = self.prefill_jitter if partials + admitted else self.jitter
+        if table:
+            self.step_s *= self._jitter_factor(table)
         self.busy_until = self.clock + self.step_s
         return self.busy_until
 
@@ -252,13 +254,13 @@ class SchedulerState:
         """Everything running was preempted this step: nothing computes; the next step admits."""
         self.step_s = self.model.step_time(0, 0, 0.0, 0.0, 0)
         if self.jitter:
-            self.step_s *= self._jitter_factor()
+            self.step_s *= self._jitter_factor(self.jitter)
         self.busy_until = self.clock + self.step_s
         return self.busy_until
 
-    def _jitter_factor(self) -> float:
+    def _jitter_factor(self, table: tuple[float, ...]) -> float:
         """The step about to start takes its modelled time times this (``simulator.step_jitter``)."""
-        factor = jitter_factor(self.jitter, self.noise_stream, self.steps_taken)
+        factor = jitter_factor(table, self.noise_stream, self.steps_taken)
         self.steps_taken += 1
         return factor
 

@@ -2,16 +2,18 @@
 
 Why: a real engine's steps scatter around any step-time model (the host, the allocator, Python in the
 scheduler), and the scatter is skewed: on vLLM 0.32's CPU build a decode step's real time over the fitted
-model's has median 0.94–0.97 and mean 1.00 (docs/real-vllm.md). With deterministic steps the simulated
-inter-token latency's median is the *mean* step, 6–13 % above the real median, and the latency tails are
-optimistic. ``leadscale calibrate`` fitted on timed steps stores the measured ratios as a quantile table in
-the profile (``PerformanceProfile.step_jitter``); the engines then draw one factor per step from it.
+model's has median 0.90-0.97 of its mean and p90 1.15-1.34 (docs/real-vllm.md). With deterministic steps
+the simulated inter-token latency's median is the *mean* step, 6-13 % above the real median, and the
+latency tails are optimistic. ``leadscale calibrate`` fitted on timed steps stores the measured ratios as
+quantile tables in the profile, one for steps without a prefill chunk (``step_jitter``) and one for steps
+with one (``prefill_step_jitter``: longer steps, relatively less scatter); the engines draw one factor per
+step from the table of its kind.
 
-The table: ``JITTER_POINTS`` quantiles of real ÷ model step time at equally spaced probabilities 0, 1/(P-1),
-..., 1 (the ends half a segment in), rescaled so that the piecewise-linear inverse CDF it defines has mean 1: the model keeps the mean
-step (throughput and capacity unchanged) and the jitter only shapes the spread. Steps are drawn
-independently: the slower drift of a whole run (the host's speed moving 10-20 % between runs of the same
-requests, docs/real-vllm.md) is not modelled.
+A table: ``JITTER_POINTS`` quantiles of real / model step time at equally spaced probabilities 0, 1/(P-1),
+..., 1 (the two ends half a segment in), rescaled so that the piecewise-linear inverse CDF it defines has
+mean 1: the model keeps the mean step (throughput and capacity unchanged) and the jitter only shapes the
+spread. Steps are drawn independently: the slower drift of a whole run (the host's speed moving 10-20 %
+between runs of the same requests, docs/real-vllm.md) is not modelled.
 
 The draw is counter-based, not a stateful generator: step ``s`` of replica ``r`` uses ``splitmix64(r * 2^32
 + s)``. Both engines (the Python reference and the compiled one, ``fast_replica.jitter_factor``) compute the

@@ -24,6 +24,7 @@ COLUMNS = ("tokens", "seqs", "decode_context", "prefill_attention", "prefill_seq
 context ``C``, prefill attention ``A``, sequences running a prefill chunk ``P``, and the step's wall
 time in seconds."""
 SECONDS = COLUMNS.index("seconds")
+PREFILL_SEQS = COLUMNS.index("prefill_seqs")
 MIN_STEPS = 10
 STEP_TIME_METHODS = ("auto", "steps", "outcomes")
 """``leadscale calibrate --step-time``: fit on the timed steps, on the replay's outcomes, or (auto) the steps

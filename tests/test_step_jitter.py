@@ -26,7 +26,8 @@ from tests.test_replica import tiny_profile
 from tests.test_step_log import _steps
 
 SKEWED = jitter_table(np.exp(np.random.default_rng(7).normal(0.0, 0.3, 20_000)))
-"""Lognormal ratios, sigma 0.3: median 0.956 of the mean, p90 1.41 (a noisy CPU host's shape, a bit wider)."""
+"""Lognormal ratios, sigma 0.3: median 0.96 of the mean, p90 1.40 (a noisy CPU host's decode steps, a bit wider)."""
+NARROW = jitter_table(np.exp(np.random.default_rng(8).normal(0.0, 0.1, 20_000)))
 
 
 def quantile_of(table: tuple[float, ...], p: float) -> float:
@@ -101,7 +102,7 @@ def test_the_profile_carries_the_table_through_yaml_and_names_a_bad_one(tmp_path
 def test_both_engines_agree_bit_for_bit_with_jitter(spec: dict[str, Any], replicas: int) -> None:
     params = dict(spec)
     w = builtin(params.pop("name"), seed=3, **params)
-    assert_same(w, replace(get_profile("h100-llama3-8b"), step_jitter=SKEWED), replicas)
+    assert_same(w, replace(get_profile("h100-llama3-8b"), step_jitter=SKEWED, prefill_step_jitter=NARROW), replicas)
 
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -114,8 +115,9 @@ def test_both_engines_agree_with_jitter_through_preemption_and_chunked_prefill(d
                  rng.integers(1, 2500, n))  # outputs past JITTERED_RUN_STEPS: long runs are planned in parts
     profile = tiny_profile(gib=data.draw(st.floats(15.5, 18.0)), seqs=data.draw(st.integers(1, 16)),
                            budget=data.draw(st.integers(16, 1024)))
-    sigma = data.draw(st.floats(0.01, 0.6))
-    profile = replace(profile, step_jitter=jitter_table(np.exp(rng.normal(0.0, sigma, 2000))))
+    tables = [() if data.draw(st.booleans()) else jitter_table(np.exp(rng.normal(0.0, data.draw(st.floats(0.01, 0.6)),
+                                                                                2000))) for _ in range(2)]
+    profile = replace(profile, step_jitter=tables[0], prefill_step_jitter=tables[1])
     assert_same(w, profile, data.draw(st.integers(1, 3)),
                 router=data.draw(st.sampled_from(["least-tokens", "round-robin"])))
 
@@ -150,6 +152,21 @@ def test_jitter_moves_the_median_step_and_the_tail_but_not_the_mean() -> None:
     assert b["itl_p99"] > a["itl_p99"]
 
 
+def test_prefill_steps_draw_from_their_own_table() -> None:
+    """A lone request: its prefill is one chunked step sequence, its decode the rest. Each table moves only its
+    own steps."""
+    plain = get_profile("h100-llama3-8b")
+    lone = Workload(np.array([0.0]), np.array([6000]), np.array([2000]))  # one prefill step (budget 8192), decodes
+    base = simulate(lone, plain)
+    ttft = float(base.log.first_token_s[0])
+    decode_only = simulate(lone, replace(plain, step_jitter=SKEWED))
+    assert float(decode_only.log.first_token_s[0]) == ttft
+    assert decode_only.summary()["itl_p50"] < 0.97 * base.summary()["itl_p50"]
+    prefill_only = simulate(lone, replace(plain, prefill_step_jitter=SKEWED))
+    assert float(prefill_only.log.first_token_s[0]) != pytest.approx(ttft, rel=1e-3)
+    assert prefill_only.summary()["itl_p50"] == base.summary()["itl_p50"]
+
+
 def test_calibration_on_timed_steps_measures_their_scatter(tmp_path: Path) -> None:
     """Steps 20 % lognormal around a known model: the profile's table has their median and p90, mean 1."""
     from tests.test_calibrate import _fake_replay, _truth, _workload
@@ -163,11 +180,19 @@ def test_calibration_on_timed_steps_measures_their_scatter(tmp_path: Path) -> No
     shutil.copytree(replay, timed)
     write_steps(timed / "steps.csv", steps)
     profile = calibrate.fit(calibrate.load_replay(timed), max_num_seqs=8, max_num_batched_tokens=512)
-    table = profile.step_jitter
-    assert len(table) == JITTER_POINTS and table_mean(table) == pytest.approx(1.0, abs=1e-9)
-    assert quantile_of(table, 0.5) == pytest.approx(float(np.median(noise) / noise.mean()), rel=0.03)
-    assert quantile_of(table, 0.9) == pytest.approx(float(np.quantile(noise, 0.9) / noise.mean()), rel=0.03)
-    assert "step jitter: real / modelled step time p10" in profile.source
+    prefill = steps[:, 4] > 0
+    for table, mine in ((profile.step_jitter, noise[~prefill]), (profile.prefill_step_jitter, noise[prefill])):
+        assert len(table) == JITTER_POINTS and table_mean(table) == pytest.approx(1.0, abs=1e-9)
+        assert quantile_of(table, 0.5) == pytest.approx(float(np.median(mine) / mine.mean()), rel=0.03)
+        assert quantile_of(table, 0.9) == pytest.approx(float(np.quantile(mine, 0.9) / mine.mean()), rel=0.03)
+    assert f"decode step jitter over {int((~prefill).sum())} steps: real / modelled p10" in profile.source
+    assert f"prefill step jitter over {int(prefill.sum())} steps" in profile.source
     out = tmp_path / "calibrated.yaml"
     save_profile(profile, out)
-    assert load_profile(out).step_jitter == table  # what `simulate --profile` reads back
+    again = load_profile(out)  # what `simulate --profile` reads back
+    assert (again.step_jitter, again.prefill_step_jitter) == (profile.step_jitter, profile.prefill_step_jitter)
+    few = steps[~prefill | (np.cumsum(prefill) <= 20)]  # 20 prefill steps: too few for a table of their own
+    write_steps(timed / "steps.csv", few)
+    sparse = calibrate.fit(calibrate.load_replay(timed), max_num_seqs=8, max_num_batched_tokens=512)
+    assert sparse.prefill_step_jitter == () and len(sparse.step_jitter) == JITTER_POINTS
+    assert "prefill steps: 20 timed, too few for a jitter table (need 30)" in sparse.source
