@@ -251,7 +251,7 @@ def measured_jitter(model: LinearStepTime, steps: np.ndarray) -> dict[str, tuple
             continue
         p10, p50, p90 = np.quantile(mine / mine.mean(), [0.1, 0.5, 0.9])
         out[key] = (jitter_table(mine), f"{kind} step jitter over {mine.size} steps: real / modelled p10 {p10:.3f}, "
-                                        f"p50 {p50:.3f}, p90 {p90:.3f} of its mean (simulator/step_jitter.py)")
+                                        f"p50 {p50:.3f}, p90 {p90:.3f} of its mean")
     return out
 
 
@@ -281,7 +281,7 @@ def fit(m: Measured, max_num_seqs: int | None = None, max_num_batched_tokens: in
         jitter = measured_jitter(model, m.steps)
         profile = build_profile(m, model, seqs, budget, note, how=(
             f"fitted on the replay's {residuals.describe()} (simulator/step_log.py); "
-            + "; ".join(note for _, note in jitter.values())))
+            + "; ".join(note for _, note in jitter.values()) + " (simulator/step_jitter.py)"))
         return dataclasses.replace(profile, step_jitter=jitter["step_jitter"][0],
                                    prefill_step_jitter=jitter["prefill_step_jitter"][0])
     start = initial_step_time(m, seqs)

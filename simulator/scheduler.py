@@ -89,7 +89,7 @@ class SchedulerState:
         self.jitter = profile.step_jitter  # a decode step's time is the model's times a draw from it (step_jitter)
         self.prefill_jitter = profile.prefill_step_jitter  # and a step with a prefill chunk's, from this one
         self.noise_stream = 0  # which replica's draws (``Replica`` sets its id)
-        self.steps_taken = 0  # steps started so far: the draw's counter
+        self.steps_taken = 0  # the draw's counter: jittered general steps and every decode-run step
         self.counters = dict(prompt_tokens_total=0, generation_tokens_total=0, request_success_total=0,
                              num_preemptions_total=0, request_prompt_tokens_sum=0, request_generation_tokens_sum=0)
         # vllm:request_prompt_tokens histogram: finished requests per bucket (le = bounds[i]; last: +Inf)

@@ -172,3 +172,46 @@ def test_a_runs_step_speed_is_its_real_time_over_the_fits() -> None:
     assert bench.step_speed(model, np.column_stack([batch, seconds])) == pytest.approx(1.0, abs=1e-6)
     # the same batches on a machine 12 % slower
     assert bench.step_speed(model, np.column_stack([batch, 1.12 * seconds])) == pytest.approx(1.12, abs=1e-6)
+
+
+def test_reanalysis_rebuilds_the_tables_from_kept_runs_without_vllm(tmp_path: Path) -> None:
+    """``bench_fidelity --reanalyse ROOT``: the real side read back from the kept replays exactly as the run
+    measured it, the simulated side recomputed by this checkout, with or without the measured step jitter."""
+    fe, bench = _module(), _bench()
+    engine = fe.InProcessEngine.__new__(fe.InProcessEngine)  # no vLLM: only the writer is exercised
+    engine.model_dir, engine.max_model_len = tmp_path / "model", 2048
+    engine.cache_config = lambda: {"block_size": "16", "num_gpu_blocks": "4096"}
+    out = tmp_path / "root" / "4x256-in-process"
+    rng = np.random.default_rng(3)
+
+    def timed_run(shift: float):
+        queued = np.arange(40) * 0.5
+        run = _run(fe, queued, queued + np.where(np.arange(40) == 3, shift, 0.0))
+        batch = np.column_stack([rng.integers(1, 256, 400), rng.integers(1, 5, 400), rng.uniform(0, 4000, 400),
+                                 rng.uniform(0, 9e4, 400), rng.random(400) < 0.2]).astype(float)
+        seconds = (1e-3 + 5e-6 * batch[:, 0] + 3e-5 * batch[:, 1] + 1.5e-3 * batch[:, 4]) * np.exp(
+            rng.normal(0.0, 0.35, 400))  # skewed like the CPU build's decode steps on a busy host
+        run.steps = np.column_stack([batch, seconds])
+        return run
+
+    runs = {f"slice{i}": timed_run(0.1 * i) for i in range(len(bench.LOADS))}
+    runs["slice1-repeat1"] = timed_run(0.5)
+    for name, run in runs.items():
+        engine.write_replay(run, out / name)
+        assert bench.metrics_on_disk(out / name) == pytest.approx(run.metrics())
+    (out / "capacity").mkdir()
+    (out / "capacity" / "capacity.json").write_text('{"knee": 1.5, "saturation": 3.0}')
+    with_jitter, = bench.reanalyse(tmp_path / "root")
+    without, = bench.reanalyse(tmp_path / "root", jitter=False)
+    assert with_jitter["setting"] == "4x256" and with_jitter["capacity_rps"] == 1.5
+    fits = {t["fit"]: t for t in (with_jitter, *with_jitter["other_fits"])}
+    assert list(fits) == ["outcomes", "steps"]  # no sweep steps kept: no pooled fit
+    half = fits["steps"]["loads"]["50 %"]["metrics"]
+    assert half["itl_p50"]["real"] == pytest.approx(runs["slice1"].metrics()["itl_p50"])
+    assert half["itl_p50"]["retest"] == pytest.approx(abs(runs["slice1-repeat1"].metrics()["itl_p50"]
+                                                          / runs["slice1"].metrics()["itl_p50"] - 1))
+    plain = {t["fit"]: t for t in (without, *without["other_fits"])}["steps"]["loads"]["50 %"]["metrics"]
+    assert plain["itl_p50"]["real"] == half["itl_p50"]["real"]
+    assert half["itl_p50"]["simulated"] < plain["itl_p50"]["simulated"]  # the skewed steps' median
+    with pytest.raises(SystemExit, match="no SETTING-in-process directory"):
+        bench.reanalyse(tmp_path / "model")
