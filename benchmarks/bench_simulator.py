@@ -18,6 +18,7 @@ peer; without it only leadscale's number is printed.
     python benchmarks/bench_simulator.py                       # 100k requests, 10 replicas
     python benchmarks/bench_simulator.py --rate 300 --json     # a busier fleet
     python benchmarks/bench_simulator.py --growth              # CPU per request as requests and replicas grow
+    python benchmarks/bench_simulator.py --jitter --requests 20000    # step jitter's cost, each engine
     python benchmarks/bench_simulator.py --week --requests 20000000 --rate 33   # a week, 20 M requests
 """
 
@@ -39,14 +40,25 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
+JITTER_SIGMA = 0.25
+"""``--jitter``: step-jitter tables from lognormal ratios of this sigma (decode steps' p90 about 1.3 of the
+median, as vLLM's CPU build measured them; docs/real-vllm.md)."""
+
+
 def bench_leadscale(requests: int, rate: float, replicas: int, profile: str, repeat: int,
-                    engine: str = "compiled") -> dict[str, float]:
+                    engine: str = "compiled", jitter: bool = False) -> dict[str, float]:
+    from dataclasses import replace
+
     from scaler.profiles import get_profile
     from simulator.engine import simulate
+    from simulator.step_jitter import jitter_table
     from simulator.synthetic import builtin
 
     w = builtin("poisson", seed=0, rate=rate, duration=requests / rate)
     prof = get_profile(profile)
+    if jitter:  # every step drawn from a table: decode runs summed step by step instead of in closed form
+        table = jitter_table(np.exp(np.random.default_rng(0).normal(0.0, JITTER_SIGMA, 10_000)))
+        prof = replace(prof, step_jitter=table, prefill_step_jitter=table)
     cpu = time.process_time()  # start-up: numba loads its cached machine code (or compiles, once per install)
     simulate(builtin("poisson", seed=0, rate=1.0, duration=5.0), prof, replicas=replicas, engine=engine)
     startup = time.process_time() - cpu
@@ -181,6 +193,20 @@ def write_week(path: Path, requests: int, rate: float) -> float:
     return time.perf_counter() - started
 
 
+def jitter_cost(args: argparse.Namespace) -> int:
+    """Step jitter's cost: the same workload and profile with and without jitter tables, each engine, alternating
+    (best of ``--repeat`` each), so both columns meet the same machine."""
+    print(f"{args.requests} requests at {args.rate:g}/s on {args.replicas} replicas ({args.profile}), "
+          f"step jitter sigma {JITTER_SIGMA}")
+    for engine in ("compiled", "python"):
+        plain = bench_leadscale(args.requests, args.rate, args.replicas, args.profile, args.repeat, engine)
+        jittered = bench_leadscale(args.requests, args.rate, args.replicas, args.profile, args.repeat, engine, True)
+        print(f"  {engine:9s} deterministic {plain['requests_per_cpu_s']:9.0f} req/CPU-s, jittered "
+              f"{jittered['requests_per_cpu_s']:9.0f} req/CPU-s: {plain['cpu_s'] / jittered['cpu_s']:.2f}x "
+              f"the speed (ttft p99 {plain['ttft_p99']:.3f} -> {jittered['ttft_p99']:.3f} s)")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=100_000)
@@ -198,6 +224,8 @@ def main(argv: list[str] | None = None) -> int:
                              "and peak RSS of each")
     parser.add_argument("--week-one", choices=("memory", "stream", "file"), default=None, help=argparse.SUPPRESS)
     parser.add_argument("--week-file", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--jitter", action="store_true",
+                        help="what step jitter (a calibrated profile's step_jitter tables) costs, each engine")
     args = parser.parse_args(argv)
     if args.week_one:
         print(json.dumps(week_one(args)))
@@ -206,6 +234,8 @@ def main(argv: list[str] | None = None) -> int:
         return week(args)
     if args.growth:
         return growth(args)
+    if args.jitter:
+        return jitter_cost(args)
     ours = bench_leadscale(args.requests, args.rate, args.replicas, args.profile, args.repeat)
     ref = bench_leadscale(args.requests, args.rate, args.replicas, args.profile, args.repeat, engine="python")
     if (ours["completed"], ours["ttft_p99"]) != (ref["completed"], ref["ttft_p99"]):

@@ -891,7 +891,7 @@ def plan_run(q: Fleet, L: Log, r: int) -> float:
     iv[r, RUN_ON] = 1
     fv[r, RUN_FIRST], fv[r, RUN_GROWTH] = first, growth
     if q.jitter.shape[0]:  # ``JitteredRun``: each step its own factor, the times summed
-        k = min(k, JITTERED_RUN_STEPS)
+        k = min(k, q.jdur.shape[1])  # JITTERED_RUN_STEPS, read from the buffer so the two always agree
         end = 0.0
         for i in range(k):
             q.jdur[r, i] = (first + growth * float(i)) * jitter_factor(q.jitter, r, iv[r, STEPS] + i)

@@ -16,8 +16,9 @@ from collections.abc import Iterable
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-SOURCES = ("fast_replica.py", "kv_cache.py", "fast_engine.py", "fast_stream.py", "results.py")
-"""The modules whose code ends up in the compiled engine (``results`` for its status codes)."""
+SOURCES = ("fast_replica.py", "kv_cache.py", "fast_engine.py", "fast_stream.py", "results.py", "step_jitter.py")
+"""The modules whose code ends up in the compiled engine (``results`` for its status codes, ``step_jitter`` for
+the draw's constants)."""
 STAMP = "leadscale-numba-sources.sha256"
 
 

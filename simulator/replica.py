@@ -20,7 +20,7 @@ from scaler.histograms import TTFT_BUCKETS
 from scaler.profiles import PerformanceProfile
 from simulator.results import ABORTED, LatencyHistogram, RequestLog
 from simulator.scheduler import COMP, ID, LEFT, NEW, NTOK, SchedulerState
-from simulator.step_jitter import JITTERED_RUN_STEPS, JitteredRun
+from simulator.step_jitter import JITTERED_RUN_STEPS, FactorBlock, JitteredRun
 
 __all__ = ["COMP", "ID", "LEFT", "NEW", "NTOK", "Replica", "ReplicaMetrics"]
 
@@ -68,6 +68,7 @@ class Replica(SchedulerState):
         self.draining = False
         self.version = 0  # the engine's stamp on this replica's pending step event
         self.run_k = self.run_done = self.run_fin = 0  # run_k steps from run_start, run_done applied
+        self._factor_block: FactorBlock | None = None  # decode runs' jitter factors, when the profile has jitter
 
     # ----- engine-facing -----------------------------------------------------------------------------
     def enqueue(self, rid: int, now: float) -> float | None:
@@ -203,7 +204,9 @@ class Replica(SchedulerState):
         run = self.model.decode_run(n, float(self.comp_sum + n))
         if self.jitter:
             k = min(k, JITTERED_RUN_STEPS)
-            self.run = JitteredRun(run.first_s, run.growth_s, self.jitter, self.noise_stream, self.steps_taken, k)
+            if self._factor_block is None:
+                self._factor_block = FactorBlock(self.jitter, self.noise_stream)
+            self.run = JitteredRun(run.first_s, run.growth_s, self._factor_block.take(self.steps_taken, k))
             self.busy_until = self.clock + self.run.total(k)
         else:
             self.run = run

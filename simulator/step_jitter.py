@@ -73,19 +73,46 @@ def jitter_factor(table: Sequence[float], stream: int, step: int) -> float:
     return factor(table, uniform(stream, step))
 
 
-def jitter_factors(table: Sequence[float], stream: int, step0: int, k: int) -> np.ndarray:
-    """``jitter_factor`` of steps ``step0 .. step0 + k - 1`` at once, in the same operations (bit-identical)."""
-    t = np.asarray(table, dtype=np.float64)
-    steps = np.arange(step0, step0 + k, dtype=np.uint64)
-    z = np.uint64(stream) * np.uint64(STREAM_STRIDE) + steps + np.uint64(GOLDEN)  # arrays wrap mod 2^64
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(MIX1)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(MIX2)
-    z = z ^ (z >> np.uint64(31))
-    pos = (z >> np.uint64(11)).astype(np.float64) * (1.0 / 9007199254740992.0) * (t.size - 1)
-    i = np.minimum(pos.astype(np.int64), t.size - 2)
-    frac = pos - i
-    out: np.ndarray = t[i] + (t[i + 1] - t[i]) * frac
+def jitter_factors(table: Sequence[float] | np.ndarray, stream: int, step0: int, k: int) -> np.ndarray:
+    """``jitter_factor`` of steps ``step0 .. step0 + k - 1`` at once, in the same operations (bit-identical).
+    In place where it can: the Python engine calls it once per decode run, and numpy's per-call cost is most of
+    it."""
+    t = table if isinstance(table, np.ndarray) else np.asarray(table, dtype=np.float64)
+    z = np.arange(k, dtype=np.uint64)
+    z += np.uint64((stream * STREAM_STRIDE + step0 + GOLDEN) & MASK64)  # arrays wrap mod 2^64
+    z ^= z >> np.uint64(30)
+    z *= np.uint64(MIX1)
+    z ^= z >> np.uint64(27)
+    z *= np.uint64(MIX2)
+    z ^= z >> np.uint64(31)
+    z >>= np.uint64(11)
+    pos = z.astype(np.float64)
+    pos *= 1.0 / 9007199254740992.0
+    pos *= t.size - 1
+    i = pos.astype(np.int64)
+    np.minimum(i, t.size - 2, out=i)
+    pos -= i  # the fraction
+    low = t[i]
+    out: np.ndarray = low + (t[i + 1] - low) * pos
     return out
+
+
+class FactorBlock:
+    """One replica's decode-step factors, drawn ``JITTERED_RUN_STEPS`` at a time: arrivals cut most runs after a
+    few steps and the next run starts where the cut one stopped, so drawing per run would redraw the same steps
+    (numpy's per-call cost made that 2/3 of a jittered Python simulation)."""
+
+    __slots__ = ("factors", "start", "stream", "table")
+
+    def __init__(self, table: Sequence[float], stream: int) -> None:
+        self.table, self.stream = np.asarray(table, dtype=np.float64), stream
+        self.start, self.factors = 0, np.empty(0)
+
+    def take(self, step0: int, k: int) -> np.ndarray:
+        """The factors of steps ``step0 .. step0 + k - 1``."""
+        if not (self.start <= step0 and step0 + k <= self.start + self.factors.size):
+            self.start, self.factors = step0, jitter_factors(self.table, self.stream, step0, max(k, JITTERED_RUN_STEPS))
+        return self.factors[step0 - self.start: step0 - self.start + k]
 
 
 class JitteredRun:
@@ -94,10 +121,9 @@ class JitteredRun:
 
     __slots__ = ("durations", "ends", "first_s", "growth_s")
 
-    def __init__(self, first_s: float, growth_s: float, table: Sequence[float], stream: int, step0: int,
-                 k: int) -> None:
+    def __init__(self, first_s: float, growth_s: float, factors: np.ndarray) -> None:
         self.first_s, self.growth_s = first_s, growth_s
-        self.durations = (first_s + growth_s * np.arange(k, dtype=np.float64)) * jitter_factors(table, stream, step0, k)
+        self.durations = (first_s + growth_s * np.arange(factors.size, dtype=np.float64)) * factors
         self.ends = np.cumsum(self.durations)  # sequential, as the compiled engine adds them
 
     def total(self, k: int) -> float:
@@ -106,7 +132,7 @@ class JitteredRun:
 
     def steps_within(self, elapsed_s: float) -> int:
         """How many whole steps end at or before ``elapsed_s``."""
-        return int(np.searchsorted(self.ends, elapsed_s, side="right"))
+        return int(self.ends.searchsorted(elapsed_s, side="right"))
 
     def add_to(self, itl: LatencyHistogram, done: int, j: int, weight: float) -> None:
         """Steps ``done .. done + j - 1`` into the inter-token histogram, ``weight`` tokens each."""
