@@ -134,12 +134,27 @@ def retest_spread(first: dict[str, float | None], repeats: list[dict[str, float 
 
 
 def load_row(load: float, real: dict[str, tuple[float | None, float | None]],
-             sim: dict[str, float | None], retest: dict[str, float | None] | None = None) -> dict[str, Any]:
-    """One load level's cells: metric -> real (and engine-side), simulated, errors (and the retest spread)."""
+             sim: dict[str, float | None], retest: dict[str, float | None] | None = None,
+             at_speed: dict[str, float | None] | None = None) -> dict[str, Any]:
+    """One load level's cells: metric -> real (and engine-side), simulated, errors (and the retest spread, and
+    the error of the simulation at the run's own engine speed, ``at_speed_sim``)."""
     return {"load": load, "metrics": {
         k: {"real": real[k][0], "real_engine": real[k][1], "simulated": sim[k],
             "error": error(real[k][0], sim[k]), "error_engine": error(real[k][1], sim[k]),
-            "retest": (retest or {}).get(k)} for k in METRICS}}
+            "retest": (retest or {}).get(k),
+            **({"error_at_speed": error(real[k][0], at_speed[k])} if at_speed is not None else {})}
+        for k in METRICS}}
+
+
+def at_speed(profile: Any, speed: float) -> Any:
+    """``profile`` with every step-time coefficient times ``speed``: the engine as fast as it ran on one slice.
+    Simulating a slice at its own measured speed (``step_speed``) splits its error into what the host's drift
+    between runs explains and what the model gets wrong at that load; the second is the model's fidelity, the
+    first is not. It uses the checked slice's own step times, so it is evidence, not a prediction."""
+    from dataclasses import asdict, replace
+
+    st = profile.step_time
+    return replace(profile, step_time=replace(st, **{k: v * speed for k, v in asdict(st).items()}))
 
 
 def run_setting(setting: str, args: argparse.Namespace, root: Path) -> dict[str, Any]:
@@ -350,7 +365,9 @@ def fit_tables(setting: str, out: Path, capacity: float, saturation: float,
         for (label, load), (replay, first) in zip(LOADS, slices, strict=True):
             real = {k: (v, None) for k, v in first.items()}  # the engine's own: no second reading
             retest = retest_spread(first, repeats[label]) if repeats[label] else None
-            table["loads"][label] = load_row(load, real, simulated_values(profile, replay), retest)
+            speed = table.get("step_speed", {}).get(replay.name)
+            own = simulated_values(at_speed(profile, speed), replay) if speed else None
+            table["loads"][label] = load_row(load, real, simulated_values(profile, replay), retest, own)
         tables.append(table)
     head, *others = tables
     head["other_fits"] = others
@@ -434,9 +451,10 @@ def print_one(table: dict[str, Any]) -> None:
     print(f"\n### `--max-num-seqs {flags}`{fit}, {where}: capacity "
           f"{table['capacity_rps']:.2f} req/s{overload}; calibrated on a slice at 90 %\n")
     retests = any(m.get("retest") is not None for k in loads for m in table["loads"][k]["metrics"].values())
-    retest_head = " | real's retest" if retests else ""
-    print("| metric | " + " | ".join(f"{k} real [engine] | sim | error [vs engine]{retest_head}" for k in loads) + " |")
-    print("|---|" + ("---|---|---|---|" if retests else "---|---|---|") * len(loads))
+    speeds = any("error_at_speed" in m for k in loads for m in table["loads"][k]["metrics"].values())
+    extra = (" | real's retest" if retests else "") + (" | error at the run's speed" if speeds else "")
+    print("| metric | " + " | ".join(f"{k} real [engine] | sim | error [vs engine]{extra}" for k in loads) + " |")
+    print("|---|" + "---|" * (3 + retests + speeds) * len(loads))
     for metric in METRICS:
         cells = []
         for k in loads:
@@ -446,6 +464,8 @@ def print_one(table: dict[str, Any]) -> None:
             cells += [cell(m["real"]) + engine, cell(m["simulated"]), pct(m["error"]) + engine_err]
             if retests:
                 cells.append("-" if m.get("retest") is None else f"±{m['retest']:.0%}")
+            if speeds:
+                cells.append(pct(m.get("error_at_speed")))
         print(f"| {metric} | " + " | ".join(cells) + " |")
 
 

@@ -213,5 +213,23 @@ def test_reanalysis_rebuilds_the_tables_from_kept_runs_without_vllm(tmp_path: Pa
     plain = {t["fit"]: t for t in (without, *without["other_fits"])}["steps"]["loads"]["50 %"]["metrics"]
     assert plain["itl_p50"]["real"] == half["itl_p50"]["real"]
     assert half["itl_p50"]["simulated"] < plain["itl_p50"]["simulated"]  # the skewed steps' median
+    assert "error_at_speed" in half["ttft_p50"]  # the step fits also simulate each slice at its own speed
+    assert "error_at_speed" not in fits["outcomes"]["loads"]["50 %"]["metrics"]["ttft_p50"]  # (no steps timed)
     with pytest.raises(SystemExit, match="no SETTING-in-process directory"):
         bench.reanalyse(tmp_path / "model")
+
+
+def test_a_profile_at_a_runs_speed_takes_every_step_that_much_longer() -> None:
+    """``at_speed``: an engine 20 % slower is the model with every coefficient 1.2x, so a lone request's
+    latencies are 1.2x (its steps are all the model's; no queue)."""
+    from scaler.profiles import get_profile
+    from simulator.engine import simulate
+    from simulator.workload import Workload
+
+    bench = _bench()
+    profile = get_profile("h100-llama3-8b")
+    lone = Workload(np.array([0.0]), np.array([3000]), np.array([400]))
+    base, slow = simulate(lone, profile).log, simulate(lone, bench.at_speed(profile, 1.2)).log
+    assert slow.first_token_s[0] == pytest.approx(1.2 * base.first_token_s[0], rel=1e-9)
+    assert slow.finish_s[0] == pytest.approx(1.2 * base.finish_s[0], rel=1e-9)
+    assert bench.at_speed(profile, 1.0) == profile
