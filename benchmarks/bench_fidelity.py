@@ -322,9 +322,8 @@ def fit_tables(setting: str, out: Path, capacity: float, saturation: float,
     """The tables of one setting's real runs (in ``out``): calibrate each fit on slice 0, simulate every slice.
     ``slices``: each slice's replay directory and its real metrics; ``repeats``: load label -> the repeats'.
     ``jitter=False`` simulates the step fits without the step jitter calibration measured (for comparison)."""
-    from dataclasses import replace
-
     from scaler.profiles import get_profile
+    from simulator.step_jitter import without_jitter
 
     seqs, budget = (int(x) for x in setting.split("x"))
     # the sweep replayed the calibration slice's own requests up to saturation: its steps hold the busy batches
@@ -347,7 +346,7 @@ def fit_tables(setting: str, out: Path, capacity: float, saturation: float,
                    *[arg for step_file in extra for arg in ("--steps", str(step_file))]])
         profile = get_profile(str(path))
         if not jitter:
-            profile = replace(profile, step_jitter=())
+            profile = without_jitter(profile)
         table: dict[str, Any] = {"setting": setting, "fit": fit, "engine": "in-process", "capacity_rps": capacity,
                                  "saturation_rps": saturation, "loads": {}}
         if method == "steps":  # how calibrate's fit times the steps it was fitted on, and each run's

@@ -24,6 +24,7 @@ function of its inputs.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -31,6 +32,7 @@ import numpy as np
 from scaler.step_time import table_mean
 
 if TYPE_CHECKING:
+    from scaler.profiles import PerformanceProfile
     from simulator.results import LatencyHistogram
 
 GOLDEN, MIX1, MIX2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
@@ -148,3 +150,8 @@ def jitter_table(ratios: np.ndarray, points: int = JITTER_POINTS) -> tuple[float
     half = 0.5 / (points - 1)
     quantiles = np.quantile(ratios, np.clip(np.linspace(0.0, 1.0, points), half, 1.0 - half))
     return tuple(float(x) for x in quantiles / table_mean(quantiles))
+
+
+def without_jitter(profile: PerformanceProfile) -> PerformanceProfile:
+    """``profile`` with deterministic steps: both tables gone (to see what the jitter changes)."""
+    return replace(profile, step_jitter=(), prefill_step_jitter=())

@@ -17,7 +17,7 @@ from scaler.step_time import check_jitter_table, table_mean
 from simulator import calibrate
 from simulator import fast_replica as fr
 from simulator.engine import simulate
-from simulator.step_jitter import JITTER_POINTS, jitter_factor, jitter_factors, jitter_table
+from simulator.step_jitter import JITTER_POINTS, jitter_factor, jitter_factors, jitter_table, without_jitter
 from simulator.step_log import SECONDS, write_steps
 from simulator.synthetic import builtin
 from simulator.workload import Workload
@@ -89,6 +89,9 @@ def test_the_profile_carries_the_table_through_yaml_and_names_a_bad_one(tmp_path
     save_profile(profile, tmp_path / "p.yaml")
     assert load_profile(tmp_path / "p.yaml") == profile
     assert "step_jitter" not in get_profile("h100-llama3-8b").to_dict()  # built-ins: no per-step measurement
+    plain = without_jitter(replace(profile, prefill_step_jitter=NARROW))
+    assert (plain.step_jitter, plain.prefill_step_jitter) == ((), ())
+    assert plain == get_profile("h100-llama3-8b")
     data = profile.to_dict()
     data["step_jitter"] = [0.9, 1.3]
     with pytest.raises(ValueError, match=r"p.yaml.step_jitter: its mean is 1.1"):
