@@ -135,14 +135,14 @@ def retest_spread(first: dict[str, float | None], repeats: list[dict[str, float 
 
 def load_row(load: float, real: dict[str, tuple[float | None, float | None]],
              sim: dict[str, float | None], retest: dict[str, float | None] | None = None,
-             at_speed: dict[str, float | None] | None = None) -> dict[str, Any]:
+             sim_at_speed: dict[str, float | None] | None = None) -> dict[str, Any]:
     """One load level's cells: metric -> real (and engine-side), simulated, errors (and the retest spread, and
-    the error of the simulation at the run's own engine speed, ``at_speed_sim``)."""
+    the error of ``sim_at_speed``, the simulation at the run's own engine speed: ``at_speed``)."""
     return {"load": load, "metrics": {
         k: {"real": real[k][0], "real_engine": real[k][1], "simulated": sim[k],
             "error": error(real[k][0], sim[k]), "error_engine": error(real[k][1], sim[k]),
             "retest": (retest or {}).get(k),
-            **({"error_at_speed": error(real[k][0], at_speed[k])} if at_speed is not None else {})}
+            **({"error_at_speed": error(real[k][0], sim_at_speed[k])} if sim_at_speed is not None else {})}
         for k in METRICS}}
 
 
@@ -151,10 +151,10 @@ def at_speed(profile: Any, speed: float) -> Any:
     Simulating a slice at its own measured speed (``step_speed``) splits its error into what the host's drift
     between runs explains and what the model gets wrong at that load; the second is the model's fidelity, the
     first is not. It uses the checked slice's own step times, so it is evidence, not a prediction."""
-    from dataclasses import asdict, replace
+    from dataclasses import replace
 
     st = profile.step_time
-    return replace(profile, step_time=replace(st, **{k: v * speed for k, v in asdict(st).items()}))
+    return replace(profile, step_time=replace(st, **{k: v * speed for k, v in st.to_dict().items()}))
 
 
 def run_setting(setting: str, args: argparse.Namespace, root: Path) -> dict[str, Any]:

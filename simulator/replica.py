@@ -63,7 +63,7 @@ class Replica(SchedulerState):
     def __init__(self, rid: int, profile: PerformanceProfile, log: RequestLog, itl: LatencyHistogram,
                  now: float, prefix: tuple[np.ndarray, np.ndarray, int] | None = None) -> None:
         super().__init__(profile, log, itl, now, prefix)
-        self.id = self.noise_stream = rid
+        self.id = rid
         self.added_s = self.run_start = now
         self.draining = False
         self.version = 0  # the engine's stamp on this replica's pending step event
@@ -205,7 +205,7 @@ class Replica(SchedulerState):
         if self.jitter:
             k = min(k, JITTERED_RUN_STEPS)
             if self._factor_block is None:
-                self._factor_block = FactorBlock(self.jitter, self.noise_stream)
+                self._factor_block = FactorBlock(self.jitter, self.id)
             self.run = JitteredRun(run.first_s, run.growth_s, self._factor_block.take(self.steps_taken, k))
             self.busy_until = self.clock + self.run.total(k)
         else:

@@ -88,7 +88,7 @@ class SchedulerState:
         self.step_s = 0.0
         self.jitter = profile.step_jitter  # a decode step's time is the model's times a draw from it (step_jitter)
         self.prefill_jitter = profile.prefill_step_jitter  # and a step with a prefill chunk's, from this one
-        self.noise_stream = 0  # which replica's draws (``Replica`` sets its id)
+        self.id = 0  # the replica's id (``Replica`` sets it): also which stream its jitter draws come from
         self.steps_taken = 0  # the draw's counter: jittered general steps and every decode-run step
         self.counters = dict(prompt_tokens_total=0, generation_tokens_total=0, request_success_total=0,
                              num_preemptions_total=0, request_prompt_tokens_sum=0, request_generation_tokens_sum=0)
@@ -260,7 +260,7 @@ class SchedulerState:
 
     def _jitter_factor(self, table: tuple[float, ...]) -> float:
         """The step about to start takes its modelled time times this (``simulator.step_jitter``)."""
-        factor = jitter_factor(table, self.noise_stream, self.steps_taken)
+        factor = jitter_factor(table, self.id, self.steps_taken)
         self.steps_taken += 1
         return factor
 
