@@ -149,6 +149,12 @@ class Headroom:
     """Relative rise of demand within one lead time at the chosen quantile (0.25 = 25 %)."""
     horizons: int
     """Past lead-time horizons observed (each sample whose next ``L`` seconds are complete)."""
+    tau_s: float = 0.0
+    """Time constant of the demand level the band is measured from (``LEVEL_TIME_CONSTANTS_S``; 0: raw)."""
+    level: float | None = None
+    """That level at the history's last sample (``None``: no history), which ``level_now`` carries forward."""
+    level_at: float = 0.0
+    """The last sample's time."""
 
 
 def push_spaced(samples: Samples, t: float, value: float, keep_s: float, spacing_s: float) -> Samples:
@@ -183,28 +189,63 @@ def horizon_rises(history: Samples, lead_s: float, slopes: Samples = (), level: 
     return _rises_and_lags(history, lead_s, slopes, level, floor)[0]
 
 
-def _rises_and_lags(history: Samples, lead_s: float, slopes: Samples, level: float | None,
-                    floor: float) -> tuple[np.ndarray, np.ndarray]:
-    """``horizon_rises`` and, beside each rise, its lag in seconds (0 for the lag-0 entries)."""
+@dataclass(frozen=True)
+class _RiseTable:
+    """The past horizons a band pools, flattened once (``_rise_table``): every (start, later sample) pair of
+    ``_rises_and_lags`` with the start's raw demand and trend, so rises from any level cost a few array ops."""
+
+    starts: np.ndarray
+    """History indices of the horizons' starts."""
+    start_values: np.ndarray
+    """Raw demand at each start."""
+    later: np.ndarray
+    """Raw demand minus the trend's extrapolation, at every later sample inside each horizon (flattened)."""
+    owner: np.ndarray
+    """Which horizon (row of ``starts``) each entry of ``later`` belongs to."""
+    lags: np.ndarray
+    """Lag in seconds of each entry: zeros for the lag-0 entries, then ``later``'s."""
+
+    def rises(self, levels: np.ndarray | None, floor: float) -> np.ndarray:
+        """Rises above the forecast from ``levels`` (the raw demand when ``None``), lag-0 entries first."""
+        base = self.start_values if levels is None else levels[self.starts]
+        scale = np.maximum(base, floor)
+        # lag 0 first: demand now is covered by any fleet sized for it, and by one sized on a level as far as
+        # the level reaches it
+        now = np.zeros(self.starts.size) if levels is None else (self.start_values - base) / scale
+        return np.concatenate([now, (self.later - base[self.owner]) / scale[self.owner]])
+
+
+def _rise_table(history: Samples, lead_s: float, slopes: Samples, level: float | None,
+                floor: float) -> _RiseTable | None:
+    """The horizons of ``horizon_rises`` as a ``_RiseTable``; ``None`` when there is none."""
     if len(history) < 2:
-        return np.empty(0), np.empty(0)
+        return None
     t, v = _columns(history)
     starts = _selected_starts(t, v, lead_s, level, floor)
     if starts.size == 0:
-        return np.empty(0), np.empty(0)
+        return None
     ends = np.searchsorted(t, t[starts] + lead_s, side="right")  # samples in (t_i, t_i + L]
-    base = v[starts]
     slope = _aligned(slopes, t[starts])
-    scale = np.maximum(base, floor)
     lags = np.arange(1, int((ends - starts).max(initial=1)))
     later = starts[:, np.newaxis] + lags  # every sample offset within each horizon, one 2-D op
     inside = later < ends[:, np.newaxis]
     later = np.minimum(later, t.size - 1)
     elapsed = t[later] - t[starts][:, np.newaxis]
-    rises = (v[later] - base[:, np.newaxis] - slope[:, np.newaxis] * elapsed)
-    # lag 0 first: demand now is covered by any fleet sized for it
-    return (np.concatenate([np.zeros(starts.size), (rises / scale[:, np.newaxis])[inside]]),
-            np.concatenate([np.zeros(starts.size), elapsed[inside]]))
+    ahead = v[later] - slope[:, np.newaxis] * elapsed
+    owner = np.broadcast_to(np.arange(starts.size)[:, np.newaxis], later.shape)
+    return _RiseTable(starts, v[starts], ahead[inside], owner[inside],
+                      np.concatenate([np.zeros(starts.size), elapsed[inside]]))
+
+
+def _rises_and_lags(history: Samples, lead_s: float, slopes: Samples, level: float | None,
+                    floor: float, levels: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """``horizon_rises`` and, beside each rise, its lag in seconds (0 for the lag-0 entries). With ``levels``
+    (one per history sample, ``smoothed_levels``) each horizon's forecast starts from the level rather than
+    the raw sample, and its lag-0 entry is the raw demand's own distance above the level."""
+    table = _rise_table(history, lead_s, slopes, level, floor)
+    if table is None:
+        return np.empty(0), np.empty(0)
+    return table.rises(levels, floor), table.lags
 
 
 def _selected_starts(t: np.ndarray, v: np.ndarray, lead_s: float, level: float | None, floor: float) -> np.ndarray:
@@ -226,9 +267,129 @@ def _aligned(slopes: Samples, times: np.ndarray) -> np.ndarray:
     return np.where(at[index] == times, np.maximum(value[index], 0.0), 0.0)
 
 
+def smoothed_levels(t: np.ndarray, v: np.ndarray, tau_s: float) -> np.ndarray:
+    """The exponentially weighted level of ``v`` at each time ``t`` (time constant ``tau_s``, any spacing):
+    ``l_0 = v_0``, ``l_i = l_(i-1) + (1 - exp(-(t_i - t_(i-1)) / tau)) (v_i - l_(i-1))``; ``tau_s`` 0 is ``v``.
+
+    The gains telescope (their complements multiply to ``exp(-(t_i - t_0) / tau)``), so the recursion is one
+    cumulative sum, ``l_i = exp(-T_i / tau) (v_0 + sum_k g_k v_k exp(T_k / tau))``, evaluated in blocks short
+    enough that ``exp(T / tau)`` stays far from overflow."""
+    if tau_s <= 0 or v.size == 0:
+        return v.copy()
+    out = np.empty(v.size)
+    out[0] = level = float(v[0])
+    first = 1
+    while first < v.size:
+        # a block spans at most BLOCK_TAUS time constants past its anchor (the level just before it)
+        anchor = t[first - 1]
+        if t[first] - anchor > _BLOCK_TAUS * tau_s:  # a gap that long leaves nothing of the old level
+            out[first] = level = float(v[first])
+            first += 1
+            continue
+        stop = int(np.searchsorted(t, anchor + _BLOCK_TAUS * tau_s, side="right"))
+        stop = min(max(stop, first + 1), v.size)
+        since = (t[first:stop] - anchor) / tau_s
+        gains = -np.expm1(-np.diff(t[first - 1:stop]) / tau_s)
+        grown = np.exp(since)
+        out[first:stop] = (level + np.cumsum(gains * v[first:stop] * grown)) / grown
+        level = float(out[stop - 1])
+        first = stop
+    return out
+
+
+_BLOCK_TAUS = 200.0
+"""Time constants per block of ``smoothed_levels``: exp(200) is 7e86, far from float overflow (1.8e308)."""
+
+
+def level_now(headroom: Headroom, t: float, value: float) -> float:
+    """The band's level carried from the history's last sample to ``(t, value)``: one more step of its
+    exponential smoothing (the raw ``value`` for the raw level, and wherever no level is known)."""
+    if headroom.tau_s <= 0 or headroom.level is None or t < headroom.level_at:
+        return value
+    return headroom.level - math.expm1(-(t - headroom.level_at) / headroom.tau_s) * (value - headroom.level)
+
+
+def level_headroom(history: Samples, slopes: Samples, lead_s: float, level: float, quantile: float,
+                   prior_rise: float, prior_horizons: int, spacing_s: float = 15.0,
+                   survival: Callable[[np.ndarray], np.ndarray] | None = None,
+                   time_constants: tuple[float, ...] = (0.0,)) -> Headroom:
+    """``lead_time_headroom`` measured from each smoothed level of ``time_constants`` (``smoothed_levels``),
+    keeping the narrowest band (the first on a tie: 0, the raw demand, leads the candidates).
+
+    Why: a band is the forecast's calibrated error, so any forecast whose band covers the same share of
+    time is as safe as another, and the one with the narrowest band carries the least idle capacity. On
+    noise that does not persist (minute-to-minute bursts of a steady load, whose 60 s rates are
+    uncorrelated a minute apart) a level averaged over minutes is nearer every future minute than the
+    last noisy minute is; on a load that moves (a ramp, steps, a day) the raw demand is, because a
+    smoothed level lags, and its band, which measures that lag, comes out wider."""
+    lead = max(lead_s, 0.0)
+    table = _rise_table(history, lead, slopes, level, RISE_FLOOR)
+    pool = _Pool.of(table, lead, prior_rise, prior_horizons, spacing_s, survival)
+    t, v = _columns(history) if history else (np.empty(0), np.empty(0))
+    last_at = float(t[-1]) if t.size else 0.0
+    best: Headroom | None = None
+    for tau in time_constants:
+        levels = smoothed_levels(t, v, tau) if tau > 0 else None
+        rise = pool.quantile(table.rises(levels, RISE_FLOOR) if table is not None else np.empty(0), quantile)
+        if best is None or rise < best.rise:
+            last = float(levels[-1]) if levels is not None and levels.size else (float(v[-1]) if v.size else None)
+            best = Headroom(rise, pool.horizons, tau, last, last_at)
+    if best is None:
+        raise ValueError("time_constants=(): must name at least one level (0 is the raw demand)")
+    return best
+
+
+@dataclass(frozen=True)
+class _Pool:
+    """What a band's quantile pools besides the rises themselves: their weights by lag and the prior."""
+
+    weights: np.ndarray | None
+    """Each rise's weight (``None``: all equal, the lead time taken as certain)."""
+    prior_rise: float
+    prior_weight: float
+    """The prior's weight: what ``prior_horizons`` whole horizons of rises would weigh."""
+    prior_count: int
+    """Without weights, how many copies of the prior join the rises."""
+    horizons: int
+
+    @staticmethod
+    def of(table: _RiseTable | None, lead_s: float, prior_rise: float, prior_horizons: int, spacing_s: float,
+           survival: Callable[[np.ndarray], np.ndarray] | None) -> _Pool:
+        lags = table.lags if table is not None else np.empty(0)
+        per_horizon = max(1, int(lead_s // spacing_s))
+        horizons = int(lags.size // per_horizon) if lags.size else 0
+        if survival is None:
+            return _Pool(None, prior_rise, 0.0, prior_horizons * per_horizon, horizons)
+        weights = np.clip(np.where(lags > 0, survival(lags), 1.0), 0.0, 1.0)
+        one_horizon = float(np.clip(survival(np.arange(1, per_horizon + 1) * spacing_s), 0.0, 1.0).sum())
+        return _Pool(weights, prior_rise, prior_horizons * one_horizon, 0, horizons)
+
+    def quantile(self, rises: np.ndarray, quantile: float) -> float:
+        """The ``quantile`` of ``rises`` pooled with the prior (clipped at 0; the prior if not finite)."""
+        if self.weights is None:
+            pooled = np.concatenate([rises, np.full(self.prior_count, self.prior_rise)])
+            if pooled.size == 0:
+                return max(self.prior_rise, 0.0)
+            # numpy's "higher" quantile (the order statistic at ceil(q (n - 1))), without np.quantile's overhead
+            rank = min(max(math.ceil(quantile * (pooled.size - 1)), 0), pooled.size - 1)
+            rise = float(np.partition(pooled, rank)[rank])
+        else:
+            if self.weights.sum() + self.prior_weight <= 0:
+                return max(self.prior_rise, 0.0)
+            values = np.concatenate([rises, [self.prior_rise]])
+            mass = np.concatenate([self.weights, [self.prior_weight]])
+            order = np.argsort(values, kind="stable")  # timsort: about twice as fast here, and the same value
+            cumulative = np.cumsum(mass[order])
+            # the smallest rise whose weighted share of time at or below it reaches the quantile
+            index = min(int(np.searchsorted(cumulative, quantile * cumulative[-1], side="left")), order.size - 1)
+            rise = float(values[order[index]])
+        return max(rise, 0.0) if math.isfinite(rise) else self.prior_rise
+
+
 def lead_time_headroom(history: Samples, slopes: Samples, lead_s: float, level: float, quantile: float,
                        prior_rise: float, prior_horizons: int, spacing_s: float = 15.0,
-                       survival: Callable[[np.ndarray], np.ndarray] | None = None) -> Headroom:
+                       survival: Callable[[np.ndarray], np.ndarray] | None = None,
+                       levels: np.ndarray | None = None) -> Headroom:
     """The ``quantile`` of past rises (``horizon_rises``) from levels like ``level``, pooled with
     ``prior_horizons`` lead times' worth of pseudo-observations of ``prior_rise``: one event in a short
     history (a step shows in every horizon that contains it) cannot set the margin alone, and a long
@@ -238,32 +399,13 @@ def lead_time_headroom(history: Samples, slopes: Samples, lead_s: float, level: 
     ``scaler.lead_time.survival``) weights each rise by how often the fleet decided now is still the
     whole fleet at its lag: a pod ordered now lands after its own cold start, so a later moment is
     covered by a later decision as often as the start is shorter. Without it every lag up to
-    ``lead_s`` weighs the same (the lead time taken as certain)."""
-    rises, lags = _rises_and_lags(history, max(lead_s, 0.0), slopes, level, RISE_FLOOR)
-    per_horizon = max(1, int(max(lead_s, 0.0) // spacing_s))
-    horizons = int(rises.size // per_horizon) if rises.size else 0
-    if survival is None:
-        pooled = np.concatenate([rises, np.full(prior_horizons * per_horizon, prior_rise)])
-        if pooled.size == 0:
-            return Headroom(max(prior_rise, 0.0), 0)
-        # numpy's "higher" quantile (the order statistic at ceil(q (n - 1))), without np.quantile's overhead
-        rank = min(max(math.ceil(quantile * (pooled.size - 1)), 0), pooled.size - 1)
-        rise = float(np.partition(pooled, rank)[rank])
-    else:
-        weights = np.clip(np.where(lags > 0, survival(lags), 1.0), 0.0, 1.0)
-        # the prior weighs what prior_horizons whole horizons of rises would
-        one_horizon = float(np.clip(survival(np.arange(1, per_horizon + 1) * spacing_s), 0.0, 1.0).sum())
-        prior_weight = prior_horizons * one_horizon
-        if weights.sum() + prior_weight <= 0:
-            return Headroom(max(prior_rise, 0.0), horizons)
-        values = np.concatenate([rises, [prior_rise]])
-        mass = np.concatenate([weights, [prior_weight]])
-        order = np.argsort(values, kind="stable")  # timsort: about twice as fast here, and the same value
-        cumulative = np.cumsum(mass[order])
-        # the smallest rise whose weighted share of time at or below it reaches the quantile
-        index = min(int(np.searchsorted(cumulative, quantile * cumulative[-1], side="left")), order.size - 1)
-        rise = float(values[order[index]])
-    return Headroom(max(rise, 0.0) if math.isfinite(rise) else prior_rise, horizons)
+    ``lead_s`` weighs the same (the lead time taken as certain). ``levels``: rises from a smoothed level
+    (``level_headroom``)."""
+    lead = max(lead_s, 0.0)
+    table = _rise_table(history, lead, slopes, level, RISE_FLOOR)
+    pool = _Pool.of(table, lead, prior_rise, prior_horizons, spacing_s, survival)
+    rises = table.rises(levels, RISE_FLOOR) if table is not None else np.empty(0)
+    return Headroom(pool.quantile(rises, quantile), pool.horizons)
 
 
 def headroom_inputs(history: Samples, slopes: Samples, lead_s: float, level: float, quantile: float,

@@ -53,6 +53,10 @@ MAX_LEAD_TIME_SCALE = 10.0
 HISTORY_SPACING_S = 15.0
 """One demand sample per Prometheus scrape interval in the headroom's history (240 = one hour)."""
 
+LEVEL_TIME_CONSTANTS_S = (0.0, 300.0)
+"""The demand levels the band is measured from, the narrowest band's level sizing the fleet: the raw demand
+(0), and exponential averages over 2.5 and 10 minutes, for load whose minute-to-minute noise does not persist."""
+
 KV_SAFE_USAGE = 0.9
 """Share of a replica's KV cache the fleet may plan to fill (vLLM preempts when it is full)."""
 
@@ -105,11 +109,17 @@ class PolicyConfig:
     """Two-sided confidence of the Theil–Sen interval whose lower bound is extrapolated."""
     rate_window_s: float = 60.0
     """Window of the token-rate signals; backlog growth is measured over the same window."""
+    level_time_constants_s: tuple[float, ...] = LEVEL_TIME_CONSTANTS_S
+    """Smoothings of the demand level the band may be measured from (``forecast.level_headroom``)."""
 
     def __post_init__(self) -> None:
         problems: list[tuple[str, object, str]] = []
         if not isinstance(self.capacity, ReplicaCapacity):
             problems.append(("capacity", self.capacity, "a ReplicaCapacity"))
+        taus = self.level_time_constants_s
+        if not (isinstance(taus, tuple) and taus and all(
+                isinstance(x, (int, float)) and not isinstance(x, bool) and 0 <= x < math.inf for x in taus)):
+            problems.append(("level_time_constants_s", taus, "a non-empty tuple of finite seconds >= 0"))
         for name, limit in FIELD_LIMITS.items():
             value = getattr(self, name)
             if not limit.admits(value):
@@ -262,13 +272,15 @@ def _track_starting(previous: tuple[float, ...], starting: int, now: float) -> t
 
 
 def _band(last: BandMemo | None, history: window.Samples, slopes: window.Samples, lead_s: float, level: float,
-          config: PolicyConfig, survival: lead_time.Survival | None) -> BandMemo:
+          config: PolicyConfig, survival: lead_time.Survival | None,
+          time_constants: tuple[float, ...] = (0.0,)) -> BandMemo:
     """(inputs, headroom) of one lead-time band: the last decision's where its inputs were these."""
     settings = (config.headroom_quantile, config.prior_rise, config.prior_horizons, HISTORY_SPACING_S)
-    inputs = forecast.headroom_inputs(history, slopes, lead_s, level, *settings, survival)
+    inputs = (*forecast.headroom_inputs(history, slopes, lead_s, level, *settings, survival), time_constants)
     if last is not None and last[0] == inputs:
         return last
-    return inputs, forecast.lead_time_headroom(history, slopes, lead_s, level, *settings, survival=survival)
+    return inputs, forecast.level_headroom(history, slopes, lead_s, level, *settings, survival=survival,
+                                           time_constants=time_constants)
 
 
 def decide(signals: Signals, state: PolicyState, config: PolicyConfig, now: float) -> Decision:
@@ -315,7 +327,6 @@ def decide(signals: Signals, state: PolicyState, config: PolicyConfig, now: floa
     late_share = (measured_late if measured_late is not None
                   else efficiency.estimated_late_share(queue_wait_s, wait_budget_s) if served > 0 else None)
     seen, capacity_memory = efficiency.assess(state.capacity, signals, served, late_share, now, config.rate_window_s)
-    demand = _clip(nominal / seen.efficiency)
     backlog = _clip(nominal_backlog / seen.efficiency)
 
     # an idle model gets no headroom: scale-to-zero stays possible, activation wakes it
@@ -336,10 +347,14 @@ def decide(signals: Signals, state: PolicyState, config: PolicyConfig, now: floa
     # a measured lead time comes with the starts behind it: weight each lag by how often a pod is still starting then
     still_starting = lead_time.survival(signals.cold_starts_s, config.lead_time_scale) if lead is not None else None
     demand_band = _band(state.bands[0] if state.bands else None, history, slopes, lead_s, nominal, config,
-                        still_starting)
+                        still_starting, config.level_time_constants_s)
+    headroom = demand_band[1]
+    # the level the band was measured from (the raw demand unless a smoothed one gave a narrower band); a surge
+    # is read raw: it is the one change the queue already proves
+    level = nominal if surging else _clip(forecast.level_now(headroom, now, nominal))
+    demand = _clip(level / seen.efficiency)
     slope = _clip(trend.used / seen.efficiency)
     forecast_demand = _clip(demand + slope * lead_s)
-    headroom = demand_band[1]
     peak = _clip(forecast_demand + headroom.rise * (max(demand, forecast.RISE_FLOOR) if active else demand))
     # the KV cache is the other resource a replica runs out of, and near its edge it fills faster than token
     # work grows: the same band, measured on the KV in use, so its rises are the ones the memory shows
@@ -391,6 +406,8 @@ def decide(signals: Signals, state: PolicyState, config: PolicyConfig, now: floa
         "backlog_growth_tokens_per_s": max(-BIG, min(growth_tps, BIG)),
         "surging": 1.0 if surging else 0.0,
         "nominal_demand_replicas": nominal,
+        "level_replicas": level,
+        "level_time_constant_s": headroom.tau_s,
         "efficiency": seen.efficiency,
         "load_per_replica": _clip(seen.load_per_replica),
         "ttft_late_share": late_share if late_share is not None else 0.0,

@@ -34,7 +34,7 @@ from simulator.control import ControlLoop
 from simulator.engine_backend import EngineBackend
 from simulator.observe import ObserveConfig, Observer
 from simulator.oracle_run import OracleBudget, OracleInputs, run_oracle
-from simulator.policies import Fixed, OracleSpec, TriggerPolicy, View, make_policy
+from simulator.policies import Fixed, OracleSpec, StaticSpec, TriggerPolicy, View, make_policy
 from simulator.results import Outcome
 from simulator.workload import select_window
 
@@ -101,7 +101,7 @@ def demand_replicas(workload: Any, profile: Any, capacity: Any, duration_s: floa
     return oracle_mod.bucket_need(workload.arrival_s, work, duration_s)
 
 
-def run_autoscaled(workload: Any, profile: Any, policy: str | TriggerPolicy | Fixed | OracleSpec,
+def run_autoscaled(workload: Any, profile: Any, policy: str | TriggerPolicy | Fixed | StaticSpec | OracleSpec,
                    cold_start: str | ColdStart, slo: float, seed: int, *, min_replicas: int = 1,
                    max_replicas: int = 100, initial_replicas: int | None = None, drain_grace_s: float | None = None,
                    tick_s: float = 1.0, observe: ObserveConfig | None = None,
@@ -135,9 +135,20 @@ def run_autoscaled(workload: Any, profile: Any, policy: str | TriggerPolicy | Fi
                                                         backend_factory), "p99 e2e of the warm fleet's first 5 min"
     grace = float(drain_grace_s)
 
+    if isinstance(built, StaticSpec):
+        def fixed_run(replicas: int) -> AutoscaleResult:
+            backend = backend_factory(workload, profile, seed, slo_ttft_s, **options)
+            run = _simulate(backend, Fixed(replicas, name=built.name), cold, seed, slo_ttft_s, need, replicas,
+                            grace, tick_s, observe, None, min_replicas)
+            run.summary.update(drain_grace_s=grace, drain_grace_from=grace_from)
+            return run
+
+        return best_static_fleet(fixed_run, need, slo_ttft_s, min_replicas, max_replicas)
+    scaled: TriggerPolicy | Fixed | OracleSpec = built
+
     def once(plans: list[oracle_mod.PodPlan] | None) -> AutoscaleResult:
         backend = backend_factory(workload, profile, seed, slo_ttft_s, **options)
-        run = _simulate(backend, built, cold, seed, slo_ttft_s, need, initial_replicas, grace, tick_s,
+        run = _simulate(backend, scaled, cold, seed, slo_ttft_s, need, initial_replicas, grace, tick_s,
                         observe, plans, min_replicas)
         run.summary.update(drain_grace_s=grace, drain_grace_from=grace_from)
         return run
@@ -159,6 +170,40 @@ def run_autoscaled(workload: Any, profile: Any, policy: str | TriggerPolicy | Fi
     # run_oracle answers one of the runs ``inputs`` simulate (typed Any there: oracle_run does not import autoscale)
     return cast(AutoscaleResult, run_oracle(inputs, OracleBudget(alpha_steps=oracle_steps) if oracle_budget is None
                                             else oracle_budget))
+
+
+def best_static_fleet(fixed_run: Callable[[int], AutoscaleResult], need: np.ndarray, slo_ttft_s: float,
+                      min_replicas: int, max_replicas: int) -> AutoscaleResult:
+    """The run of the smallest fixed fleet whose p95 TTFT meets the SLO over the whole workload; its summary
+    adds ``static_replicas`` and ``static_search`` (each size tried, with its p95 TTFT).
+
+    The search starts at the capacity model's mean need and steps up until a size meets the SLO, or down
+    while the one below still does: p95 TTFT falls as replicas are added, so the first size that meets it
+    from below is the smallest. When none up to ``max_replicas`` meets it, the largest is reported (its
+    summary shows the miss)."""
+    def meets(run: AutoscaleResult) -> bool:
+        p95 = run.summary.get("ttft_p95")
+        return p95 is not None and math.isfinite(p95) and p95 <= slo_ttft_s
+
+    tried: dict[int, AutoscaleResult] = {}
+
+    def at(replicas: int) -> AutoscaleResult:
+        if replicas not in tried:
+            tried[replicas] = fixed_run(replicas)
+        return tried[replicas]
+
+    low = max(min_replicas, 1)
+    size = min(max(low, math.ceil(float(np.mean(need)) - 1e-9) if len(need) else low), max_replicas)
+    if meets(at(size)):
+        while size > low and meets(at(size - 1)):
+            size -= 1
+    else:
+        while size < max_replicas and not meets(at(size)):
+            size += 1
+    best = at(size)
+    best.summary["static_replicas"] = size
+    best.summary["static_search"] = {str(n): tried[n].summary.get("ttft_p95") for n in sorted(tried)}
+    return best
 
 
 def _need(workload: Any, profile: Any, slo_ttft_s: float) -> np.ndarray:

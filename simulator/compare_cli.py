@@ -50,7 +50,7 @@ ORACLE_KEYS = ("oracle_gpu_hours", "oracle_lower_bound_gpu_hours", "oracle_bound
 def add_compare_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags ``compare`` adds to the shared run flags (``simulator.cli_options``)."""
     parser.add_argument("--policies", default=DEFAULT_POLICIES,
-                        help=f"comma-separated policies (default {DEFAULT_POLICIES}); also fixed:N")
+                        help=f"comma-separated policies (default {DEFAULT_POLICIES}); also fixed:N and static")
     add_cold_start_argument(parser)
     parser.add_argument("--out", required=True, help="directory for report.md, report.html, PNGs, summary.json")
     parser.add_argument("--json", action="store_true", help='print {"policies": {name: summary}} on stdout')

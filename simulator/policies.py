@@ -17,7 +17,8 @@ otherwise (``ControlConfig``).
   >= 5 saturates a replica; +1 when the average spare KV < 0.1 or spare queue < 3 across the
   non-saturated replicas and none is pending; -1 only if the load spread over one fewer replica
   keeps both margins); its desired count reaches the HPA as a metric with target 1.
-- ``fixed:N``: N replicas, no autoscaler. ``oracle``: see ``simulator.oracle``.
+- ``fixed:N``: N replicas, no autoscaler. ``static``: the smallest fixed fleet that meets the SLO on the whole run
+  (``StaticSpec``). ``oracle``: see ``simulator.oracle``.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from scaler.sources.base import SourceError
 from simulator.control import ControlConfig, ScalingPolicy, ScalingRules, default_scale_up
 from simulator.observe import Observer
 
-NAMES = ("leadscale", "waiting-requests", "kv-cache", "saturation", "fixed:N", "oracle")
+NAMES = ("leadscale", "waiting-requests", "kv-cache", "saturation", "fixed:N", "static", "oracle")
 EVALUATOR_INTERVAL_S = evaluation.DEFAULT_INTERVAL_S
 STALENESS_LIMIT_S = evaluation.DEFAULT_STALENESS_LIMIT_S
 
@@ -193,6 +194,16 @@ class Fixed:
 
 
 @dataclass(frozen=True)
+class StaticSpec:
+    """Marker: the cheapest fixed fleet that meets the SLO on the whole run, found by simulation
+    (``simulator.autoscale.best_static_fleet``). Static provisioning sized in hindsight: what a team would
+    pay without an autoscaler; on a load whose rate does not move it is also what a causal policy can
+    approach at best (nothing in its past says which future minute will be busy)."""
+
+    name: str = "static"
+
+
+@dataclass(frozen=True)
 class OracleSpec:
     """Marker: the clairvoyant schedule is computed by ``simulator.oracle`` from the workload itself."""
 
@@ -236,7 +247,7 @@ def leadscale_control(min_replicas: int, max_replicas: int) -> ControlConfig:
 
 def make_policy(name: str, profile: str | dict[str, str], slo_ttft_s: float, min_replicas: int = 1,
                 max_replicas: int = 100, leadscale_extra: dict[str, str] | None = None,
-                ) -> TriggerPolicy | Fixed | OracleSpec:
+                ) -> TriggerPolicy | Fixed | StaticSpec | OracleSpec:
     """Build a policy by name; ``ValueError`` naming the value and the allowed names otherwise."""
     text = name.strip()
     control = ControlConfig(min_replicas=min_replicas, max_replicas=max_replicas)
@@ -251,6 +262,8 @@ def make_policy(name: str, profile: str | dict[str, str], slo_ttft_s: float, min
         return Saturation(control)
     if text == "oracle":
         return OracleSpec()
+    if text == "static":
+        return StaticSpec()
     if text.startswith("fixed:"):
         count = text.split(":", 1)[1]
         if count.isdigit() and int(count) >= 1:

@@ -212,6 +212,21 @@ def test_oracle_meets_the_slo_with_fewer_gpu_hours_than_a_peak_sized_fleet() -> 
     assert oracle.summary["oracle_runs"] >= 2
 
 
+def test_static_is_the_smallest_fixed_fleet_that_meets_the_slo_and_costs_what_that_fleet_does() -> None:
+    static = run("static")
+    size = static.summary["static_replicas"]
+    assert static.summary["policy"] == "static" and static.summary["ttft_p95"] <= 2.0
+    below = run(f"fixed:{size - 1}")
+    assert below.summary["ttft_p95"] > 2.0  # one fewer replica misses: the search stopped at the edge
+    same = run(f"fixed:{size}")
+    assert static.summary["gpu_hours"] == same.summary["gpu_hours"]
+    assert static.summary["static_search"][str(size)] == same.summary["ttft_p95"]
+    assert static.summary["static_search"][str(size - 1)] == below.summary["ttft_p95"]
+    # a static fleet never scales: the ramp's peak sets its size, so a policy that meets the SLO spends less
+    oracle = run("oracle", oracle_steps=3)
+    assert oracle.summary["gpu_hours"] < static.summary["gpu_hours"]
+
+
 def test_bad_slo_is_named() -> None:
     with pytest.raises(ValueError, match="slo=0"):
         run_autoscaled(ramp_workload(), Profile(), "fixed:1", "fixed:1", 0, 0, backend_factory=QueueBackend)

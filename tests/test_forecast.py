@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -158,3 +159,78 @@ def test_weighted_headroom_is_finite_non_negative_and_monotone_in_the_quantile(v
     low = lead_time_headroom(history, (), lead, level, q * 0.5, 0.25, 5, survival=still)
     high = lead_time_headroom(history, (), lead, level, q, 0.25, 5, survival=still)
     assert math.isfinite(high.rise) and 0.0 <= low.rise <= high.rise
+
+
+# ---------------------------------------------------------------- the level a band is measured from
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.floats(0.01, 400.0), st.floats(0.0, 1e4)), min_size=1, max_size=120),
+       st.sampled_from([0.0, 0.5, 15.0, 300.0, 1e7]))
+def test_smoothed_levels_are_the_exponential_recursion_at_any_spacing(steps, tau) -> None:
+    """The telescoped, blocked evaluation is the recursion it documents, even where one block could overflow."""
+    from scaler.forecast import smoothed_levels
+
+    t = np.cumsum([dt for dt, _ in steps])
+    v = np.array([x for _, x in steps])
+    got = smoothed_levels(t, v, tau)
+    level, expected = v[0], [v[0]]
+    for i in range(1, v.size):
+        level += (1.0 - math.exp(-(t[i] - t[i - 1]) / tau)) * (v[i] - level) if tau > 0 else v[i] - level
+        expected.append(level)
+    assert np.all(np.isfinite(got))
+    assert got == pytest.approx(expected, rel=1e-9, abs=1e-9)
+    assert v.min() - 1e-9 <= got.min() and got.max() <= v.max() + 1e-9  # an average never leaves the range
+
+
+def noisy(level: Callable[[int], float], n: int = 240, seed: int = 5) -> tuple[tuple[float, float], ...]:
+    """15 s samples of a demand whose 60 s rates carry noise that does not persist past a minute."""
+    rng = np.random.default_rng(seed)
+    minutes = rng.normal(0.0, 0.1, n // 4 + 2)
+    return series([level(i) * (1.0 + minutes[i // 4]) for i in range(n)])
+
+
+def test_a_steady_noisy_load_is_sized_from_its_average_and_a_moving_one_from_its_raw_demand() -> None:
+    from scaler.forecast import level_headroom
+
+    steady = noisy(lambda i: 8.0)
+    raw = lead_time_headroom(steady, (), 180.0, steady[-1][1], 0.8, 0.25, 5)
+    chosen = level_headroom(steady, (), 180.0, steady[-1][1], 0.8, 0.25, 5, time_constants=(0.0, 300.0))
+    assert chosen.tau_s == 300.0 and chosen.rise < raw.rise * 0.9
+    # what it carries: the smoothed level at the last sample, far nearer 8 than the last noisy minute
+    assert abs(chosen.level - 8.0) < 0.4 and chosen.level_at == steady[-1][0]
+    # a ramp (+40 % over the hour, in steps every 10 minutes) moves: a smoothed level lags it, so raw wins
+    moving = noisy(lambda i: 8.0 * 1.5 ** (i // 40), seed=6)
+    lagging = level_headroom(moving, (), 180.0, moving[-1][1], 0.8, 0.25, 5, time_constants=(0.0, 300.0))
+    assert lagging.tau_s == 0.0
+    assert lagging.rise == lead_time_headroom(moving, (), 180.0, moving[-1][1], 0.8, 0.25, 5).rise
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.floats(0.0, 50.0), min_size=0, max_size=80), st.sampled_from([60.0, 180.0]),
+       st.floats(0.05, 0.95), st.lists(st.sampled_from([0.0, 60.0, 150.0, 600.0]), min_size=1, max_size=3))
+def test_the_chosen_level_has_the_narrowest_band_and_ties_go_to_the_first(values, lead, q, taus) -> None:
+    from scaler.forecast import level_headroom, smoothed_levels
+
+    history = series(values)
+    level = values[-1] if values else 0.0
+    chosen = level_headroom(history, (), lead, level, q, 0.25, 5, time_constants=tuple(taus))
+    t, v = np.array([s[0] for s in history]), np.array([s[1] for s in history])
+    bands = [lead_time_headroom(history, (), lead, level, q, 0.25, 5,
+                                levels=smoothed_levels(t, v, tau) if tau > 0 and v.size else None).rise
+             for tau in taus]
+    assert chosen.rise == min(bands)
+    assert chosen.tau_s == taus[bands.index(min(bands))]
+    assert math.isfinite(chosen.rise) and chosen.rise >= 0.0
+
+
+def test_the_level_carries_forward_one_smoothing_step_and_raw_is_the_demand_itself() -> None:
+    from scaler.forecast import Headroom, level_now
+
+    raw = Headroom(0.1, 10, 0.0, 5.0, 100.0)
+    assert level_now(raw, 105.0, 9.0) == 9.0
+    smooth = Headroom(0.1, 10, 300.0, 5.0, 100.0)
+    assert level_now(smooth, 100.0, 9.0) == 5.0  # at the sample itself: the level already holds it
+    assert level_now(smooth, 110.0, 9.0) == pytest.approx(5.0 + (1 - math.exp(-10 / 300)) * 4.0)
+    assert level_now(smooth, 1e6, 9.0) == pytest.approx(9.0)
+    assert level_now(Headroom(0.1, 0, 300.0, None, 0.0), 10.0, 9.0) == 9.0  # no history: the demand

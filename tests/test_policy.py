@@ -38,7 +38,9 @@ def signals(**overrides: object) -> Signals:
     ("max_replicas", True), ("activation_threshold", math.inf), ("backlog_drain_s", 0.0),
     ("trend_window_s", -1.0), ("trend_confidence", 1.0), ("trend_confidence", 0.0), ("rate_window_s", 0.0),
     ("headroom_quantile", 1.0), ("headroom_quantile", 0.0), ("headroom_history_s", 0.0), ("prior_rise", -0.1),
-    ("prior_horizons", -1), ("capacity", "h100"),
+    ("prior_horizons", -1), ("capacity", "h100"), ("level_time_constants_s", ()),
+    ("level_time_constants_s", (0.0, -60.0)), ("level_time_constants_s", (0.0, math.inf)),
+    ("level_time_constants_s", [0.0, 300.0]), ("level_time_constants_s", (0.0, True)),
 ], ids=lambda v: str(v))
 def test_config_rejects_bad_value_naming_field_and_value(field_name: str, value: object) -> None:
     with pytest.raises(ValueError) as err:
@@ -437,3 +439,43 @@ def test_the_reason_names_the_need_that_binds() -> None:
     assert d.terms["needed_for_backlog"] > max(d.terms["needed_for_peak"], d.terms["needed_for_kv"])
     assert d.reason.startswith(f"scale up from 1 to {d.desired_replicas}: a backlog of ")
     assert f"needs {d.terms['needed_for_backlog']:.2f} replicas" in d.reason
+
+
+def test_a_steady_noisy_load_is_carried_by_its_average_and_a_surge_by_its_raw_demand() -> None:
+    """Minute-to-minute noise that does not persist: sized from a smoothed level the fleet is smaller on
+    average than sized from every noisy minute, and a backlog that makes first tokens late is read raw."""
+    import numpy as np
+
+    def run(taus: tuple[float, ...]) -> tuple[float, list[Decision]]:
+        rng = np.random.default_rng(3)
+        minute = rng.normal(0.0, 0.12, 200)
+        state, desired, decisions = PolicyState(), [], []
+        ready = 6
+        for k in range(1440):  # two hours of 5 s rounds
+            t = 5.0 * k
+            load = 5.0 * (1.0 + minute[k // 12])  # 60 s rates: one noisy value a minute
+            d = decide(signals(at=t, prompt_tokens_per_s=10_000.0 * load, requests_running=8.0, ready_replicas=ready),
+                       state, config(level_time_constants_s=taus, scale_down_delay_s=60.0), t)
+            state, ready = d.state, d.desired_replicas
+            if t >= 3600.0:
+                desired.append(d.desired_replicas)
+                decisions.append(d)
+        return float(np.mean(desired)), decisions
+
+    raw, raw_decisions = run((0.0,))
+    smoothed, decisions = run((0.0, 300.0))
+    assert all(d.terms["level_time_constant_s"] == 0.0 for d in raw_decisions)
+    assert sum(d.terms["level_time_constant_s"] == 300.0 for d in decisions) > len(decisions) / 2
+    assert smoothed < raw - 0.3
+    levels = np.array([d.terms["level_replicas"] for d in decisions])
+    nominal = np.array([d.terms["nominal_demand_replicas"] for d in decisions])
+    assert levels.std() < 0.7 * nominal.std()
+
+    # a surge: the backlog alone makes first tokens late, and the fleet is sized on the raw demand at once
+    state = decisions[-1].state
+    t = 7200.0
+    surge = decide(signals(at=t, prompt_tokens_per_s=10_000.0 * 9.0, requests_running=8.0, ready_replicas=6,
+                           requests_waiting=400.0, mean_prompt_tokens=1000.0),
+                   state, config(level_time_constants_s=(0.0, 300.0), scale_down_delay_s=60.0), t)
+    assert surge.terms["surging"] == 1.0
+    assert surge.terms["level_replicas"] == surge.terms["nominal_demand_replicas"]
