@@ -177,10 +177,10 @@ def best_static_fleet(fixed_run: Callable[[int], AutoscaleResult], need: np.ndar
     """The run of the smallest fixed fleet whose p95 TTFT meets the SLO over the whole workload; its summary
     adds ``static_replicas`` and ``static_search`` (each size tried, with its p95 TTFT).
 
-    The search starts at the capacity model's mean need and steps up until a size meets the SLO, or down
-    while the one below still does: p95 TTFT falls as replicas are added, so the first size that meets it
-    from below is the smallest. When none up to ``max_replicas`` meets it, the largest is reported (its
-    summary shows the miss)."""
+    p95 TTFT falls as replicas are added, so the edge is found by search: from the capacity model's mean
+    need, down one at a time while the size below still meets the SLO, or up in doubling steps until one
+    meets it and then by bisection between the last miss and that size. When no size up to
+    ``max_replicas`` meets it, the largest is reported (its summary shows the miss)."""
     def meets(run: AutoscaleResult) -> bool:
         p95 = run.summary.get("ttft_p95")
         return p95 is not None and math.isfinite(p95) and p95 <= slo_ttft_s
@@ -198,8 +198,15 @@ def best_static_fleet(fixed_run: Callable[[int], AutoscaleResult], need: np.ndar
         while size > low and meets(at(size - 1)):
             size -= 1
     else:
+        miss, step = size, 1
         while size < max_replicas and not meets(at(size)):
-            size += 1
+            miss, size, step = size, min(size + step, max_replicas), step * 2
+        while size - miss > 1 and meets(at(size)):  # the smallest meeting size is in (miss, size]
+            middle = (miss + size) // 2
+            if meets(at(middle)):
+                size = middle
+            else:
+                miss = middle
     best = at(size)
     best.summary["static_replicas"] = size
     best.summary["static_search"] = {str(n): tried[n].summary.get("ttft_p95") for n in sorted(tried)}

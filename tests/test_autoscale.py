@@ -412,3 +412,26 @@ def test_a_five_fold_step_is_absorbed_when_pods_start_fast_enough() -> None:
     run = run_autoscaled(step, get_profile("h100-llama3-8b"), "leadscale", "fixed:15", 2.0, seed=3)
     assert run.summary["ttft_p95"] <= 2.0, run.summary["ttft_p95"]
     assert any(terms.get("surging") == 1.0 for _, _, terms in run.decisions)
+
+
+def test_the_static_search_finds_the_edge_wherever_it_is_with_few_runs() -> None:
+    """A fake run whose p95 falls with the fleet: the search lands on the smallest size that meets the SLO
+    from any start, in a handful of runs even when the edge is far above the model's mean need."""
+    from types import SimpleNamespace
+
+    from simulator.autoscale import best_static_fleet
+
+    for edge in (1, 2, 5, 9, 10, 33, 64, 100):
+        for mean_need in (0.5, 4.0, 9.5, 40.0):
+            runs: list[int] = []
+
+            def fixed_run(n: int, edge: int = edge, runs: list[int] = runs) -> SimpleNamespace:
+                runs.append(n)
+                return SimpleNamespace(summary={"ttft_p95": 1.0 if n >= edge else 3.0 + 1.0 / n})
+
+            best = best_static_fleet(fixed_run, np.array([mean_need]), 2.0, 1, 100)  # type: ignore[arg-type]
+            assert best.summary["static_replicas"] == edge, (edge, mean_need)
+            assert len(runs) == len(set(runs)) <= 2 + 2 * math.ceil(math.log2(100)) + abs(edge - mean_need) * (
+                edge < mean_need)
+    never = best_static_fleet(lambda n: SimpleNamespace(summary={"ttft_p95": 9.0}), np.array([3.0]), 2.0, 1, 10)  # type: ignore[arg-type]
+    assert never.summary["static_replicas"] == 10 and never.summary["ttft_p95"] == 9.0
