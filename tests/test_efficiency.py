@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from scaler.efficiency import (
+    LATE_SHARE,
     LOADED,
     MAX_EFFICIENCY,
     STEP,
@@ -48,6 +49,19 @@ def test_late_at_a_real_load_steps_down_once_per_window() -> None:
     # 4 replicas serve 3.2 units (0.8 each, above LOADED) and 20 % of first tokens are late
     memory = feed(300, served=3.2, late=0.2)
     assert memory.efficiency == pytest.approx((1 - STEP) ** windows_judged(300))
+
+
+def test_a_window_is_late_a_point_below_the_budget_and_calm_at_half_of_it() -> None:
+    """The SLO is judged over the run: a window between 4 % and 5 % late already steps the efficiency down,
+    one between half the budget and 4 % holds it, one under half the budget may raise it."""
+    assert 0.039 < LATE_SHARE < 0.041 and LATE_SHARE < TAIL_SHARE
+    assert feed(300, served=3.2, late=0.045).efficiency == pytest.approx((1 - STEP) ** windows_judged(300))
+    held = feed(300, served=3.2, late=0.03)
+    assert held.efficiency == 1.0
+    _, memory = assess(held, snapshot(), 3.2, 0.03, 300.0, WINDOW)
+    assert assess(memory, snapshot(), 3.2, 0.03, 305.0, WINDOW)[0].verdict in ("edge", "none")
+    assert feed(300, served=3.2, late=0.02).efficiency == 1.0  # calm at 0.8 a replica: one step past, capped
+    assert feed(300, served=3.2, late=0.0, memory=CapacityMemory(efficiency=0.5)).efficiency > 0.5
 
 
 def test_late_at_a_light_load_teaches_nothing() -> None:

@@ -145,14 +145,35 @@ def test_the_simulated_prometheus_reports_the_workloads_prompt_lengths() -> None
 # --- the TTFT tail ---------------------------------------------------------------------------------------------
 
 
-def test_share_above_interpolates_inside_the_bucket_like_histogram_quantile() -> None:
+def test_share_above_takes_the_tail_inside_the_bucket_as_exponential() -> None:
     ttfts = [0.05] * 80 + [1.5] * 10 + [3.0] * 10  # 20 % above 1 s, 10 % above 2.5 s
     rates = cumulative_rates(ttfts, TTFT_BUCKETS)  # type: ignore[arg-type]
     assert share_above(rates, 1.0) == pytest.approx(0.2)
     assert share_above(rates, 2.5) == pytest.approx(0.1)
-    # 2 s is 2/3 into (1, 2.5]: two thirds of that bucket's 10 % are taken as below it
-    assert share_above(rates, 2.0) == pytest.approx(0.1 + 0.1 / 3)
+    # 2 s is 2/3 into (1, 2.5]: the share above it is 0.2^(1/3) 0.1^(2/3), between the bounds' shares and
+    # below the uniform assumption's 0.1 + 0.1 / 3
+    assert share_above(rates, 2.0) == pytest.approx(0.2 ** (1 / 3) * 0.1 ** (2 / 3))
+    assert 0.1 < share_above(rates, 2.0) < 0.1 + 0.1 / 3  # type: ignore[operator]
     assert share_above(rates, 3000.0) == 0.0
+    # nothing beyond the bucket: nothing inside it is taken as beyond the threshold
+    near = cumulative_rates([0.05] * 90 + [1.2] * 10, TTFT_BUCKETS)  # type: ignore[arg-type]
+    assert share_above(near, 1.0) == pytest.approx(0.1) and share_above(near, 2.0) == 0.0
+
+
+def test_share_above_reads_an_exponential_tail_closer_than_the_uniform_assumption() -> None:
+    """A queue's wait past a prefill: first tokens at 0.9 s plus an exponential wait. The share truly above
+    2 s against the geometric interpolation and the uniform one (Prometheus' assumption)."""
+    rng = np.random.default_rng(4)
+    for mean_wait in (0.2, 0.4, 0.8, 1.6):
+        ttfts = 0.9 + rng.exponential(mean_wait, 20_000)
+        rates = cumulative_rates(ttfts.tolist(), TTFT_BUCKETS)  # type: ignore[arg-type]
+        truth = float(np.mean(ttfts > 2.0))
+        above_1, above_25 = float(np.mean(ttfts > 1.0)), float(np.mean(ttfts > 2.5))
+        uniform = above_25 + (above_1 - above_25) / 3
+        got = share_above(rates, 2.0)
+        assert got is not None
+        assert abs(got - truth) < abs(uniform - truth)
+        assert abs(got - truth) <= 0.15 * truth + 0.002
 
 
 @pytest.mark.parametrize("rates", [{}, {1.0: 0.0, math.inf: 0.0}, {1.0: 3.0, math.inf: 1.0}, {1.0: 1.0}],

@@ -295,7 +295,8 @@ def test_state_is_not_mutated_and_replaying_gives_the_same_decision() -> None:
 
 
 def test_a_late_tail_at_a_real_load_grows_the_fleet_and_a_calm_one_does_not() -> None:
-    # 8 ready replicas each serving 0.75 units: 30 % of first tokens after 2 s, or none
+    # 8 ready replicas each serving 0.75 units: 50 % of first tokens after 1 s and 20 % after 2.5 s (27 % after
+    # 2 s, the tail taken as exponential inside the bucket), or none
     late = ((0.5, 0.0), (1.0, 5.0), (2.5, 8.0), (5.0, 10.0), (math.inf, 10.0))
     on_time = ((0.5, 5.0), (1.0, 10.0), (2.5, 10.0), (5.0, 10.0), (math.inf, 10.0))  # none after 2 s
     busy = dict(prompt_tokens_per_s=60_000.0, requests_running=8.0, ready_replicas=8)
@@ -306,7 +307,7 @@ def test_a_late_tail_at_a_real_load_grows_the_fleet_and_a_calm_one_does_not() ->
             d = decide(signals(at=float(t), ttft_buckets=buckets, **busy), state, config(), float(t))
             state = d.state
         final[name] = d
-    assert final["late"].terms["ttft_late_share"] == pytest.approx(0.3)
+    assert final["late"].terms["ttft_late_share"] == pytest.approx(0.5 * 0.4 ** (2 / 3))
     assert final["late"].terms["efficiency"] < 0.7 and final["on_time"].terms["efficiency"] == 1.0
     assert final["late"].desired_replicas > final["on_time"].desired_replicas >= 8
 
