@@ -25,6 +25,9 @@ leadscale's settings, and the oracle's window simulations are most of the two ho
 sweep takes minutes (the baseline must come from the same simulator code). ``--leadscale-only``
 runs leadscale alone with no baseline and prints its GPU-hours and p95 TTFT per row (about 4 minutes
 for the whole suite here): a quick screen of a setting, to be judged against a full run's oracle.
+``--static`` adds the cheapest fixed fleet that meets the SLO (compare's ``static``: several full runs per
+row, so the 20+ replica rows take long) as a reference column: what a team would pay without an
+autoscaler, sized in hindsight; the floors do not count it as a baseline.
 Numbers are from the simulator, deterministic for the seed.
 """
 
@@ -73,7 +76,7 @@ def slug(name: str, seed: int) -> str:
 
 
 def run_one(name: str, args: list[str], seed: int, out: Path, meta: list[str], reuse: bool,
-            baseline: Path | None = None, alone: bool = False) -> dict:
+            baseline: Path | None = None, alone: bool = False, static: bool = False) -> dict:
     """One ``leadscale compare`` (or its kept JSON): {policy: summary} or {"error": ...}. With
     ``baseline``, only leadscale runs and every other policy comes from the baseline's kept JSON."""
     path = out / f"{slug(name, seed)}.json"
@@ -86,7 +89,7 @@ def run_one(name: str, args: list[str], seed: int, out: Path, meta: list[str], r
             return {"error": f"--baseline {baseline}: no {kept.name} (run the full suite with --out {baseline} first)"}
         others = {k: v for k, v in json.loads(kept.read_text())["policies"].items() if k != "leadscale"}
     cmd = [sys.executable, "-m", "leadscale", "compare", *args, *FLAGS, "--seed", str(seed),
-           "--policies", "leadscale" if baseline is not None or alone else POLICIES,
+           "--policies", ("leadscale" if baseline is not None or alone else POLICIES) + (",static" if static else ""),
            "--out", str(out / slug(name, seed))]
     for item in meta:
         cmd += ["--leadscale-meta", item]
@@ -138,13 +141,13 @@ def judge(runs: list[dict]) -> dict:
             "bound": [b for b in bound if b is not None]}
 
 
-def row(name: str, runs: list[dict]) -> tuple[str, dict | None]:
+def row(name: str, runs: list[dict], static: bool = False) -> tuple[str, dict | None]:
     errors = [r["error"] for r in runs if "error" in r]
     if errors:
-        return f"| {name} | error: {errors[0][:100]} |" + " |" * 11, None
+        return f"| {name} | error: {errors[0][:100]} |" + " |" * (12 if static else 11), None
     verdict = judge(runs)
     cells = [name, cell([r["leadscale"].get("mean_replicas", 0.0) for r in runs], "{:.1f}")]
-    for policy in ("leadscale", *BASELINES):
+    for policy in ("leadscale", *BASELINES, *(("static",) if static else ())):
         gpu = cell([r[policy]["gpu_hours"] for r in runs])
         p95 = cell([r[policy]["ttft_p95"] for r in runs if r[policy].get("ttft_p95") is not None])
         cells.append(f"{gpu} ({p95} s)")
@@ -161,11 +164,13 @@ def row(name: str, runs: list[dict]) -> tuple[str, dict | None]:
     return "| " + " | ".join(cells) + " |", verdict
 
 
-def print_leadscale_alone(workloads: dict, seeds: list[int], results: dict) -> None:
-    """One row per workload: leadscale's GPU-hours and p95 TTFT over the seeds, and whether every seed met the SLO."""
+def print_leadscale_alone(workloads: dict, seeds: list[int], results: dict, static: bool = False) -> None:
+    """One row per workload: leadscale's GPU-hours and p95 TTFT over the seeds, and whether every seed met the SLO
+    (with ``static``, the cheapest fixed fleet's GPU-hours and p95 beside them)."""
     print(f"Seeds {', '.join(map(str, seeds))}; leadscale alone; mean over seeds [min–max].\n")
-    print("| workload | leadscale GPU-h | p95 TTFT (s) | SLO met at every seed |")
-    print("|---|---|---|---|")
+    print("| workload | leadscale GPU-h | p95 TTFT (s) | SLO met at every seed |"
+          + (" static GPU-h (p95 s) |" if static else ""))
+    print("|---|---|---|---|" + ("---|" if static else ""))
     for name in workloads:
         runs = [results[(name, s)] for s in seeds]
         errors = [r["error"] for r in runs if "error" in r]
@@ -174,8 +179,12 @@ def print_leadscale_alone(workloads: dict, seeds: list[int], results: dict) -> N
             continue
         ours = [r["leadscale"] for r in runs]
         p95 = [s["ttft_p95"] for s in ours if s.get("ttft_p95") is not None]
+        extra = ""
+        if static:
+            fleets = [r["static"] for r in runs]
+            extra = f" {cell([f['gpu_hours'] for f in fleets])} ({cell([f['ttft_p95'] for f in fleets])}) |"
         print(f"| {name} | {cell([s['gpu_hours'] for s in ours])} | {cell(p95)} | "
-              f"{'yes' if all(meets(s) for s in ours) else '**no**'} |")
+              f"{'yes' if all(meets(s) for s in ours) else '**no**'} |{extra}")
 
 
 def main() -> int:
@@ -193,6 +202,9 @@ def main() -> int:
                         help="run leadscale alone; read the recipes and the oracle from a full run's --out DIR")
     parser.add_argument("--leadscale-only", action="store_true",
                         help="run leadscale alone, no recipes or oracle; print its GPU-hours and p95 per row")
+    parser.add_argument("--static", action="store_true",
+                        help="also run 'static', the cheapest fixed fleet that meets the SLO (hindsight; several "
+                             "full runs per row), as a reference column: not a baseline the floors count")
     args = parser.parse_args()
     if args.leadscale_only and (args.baseline or args.reuse):
         parser.error("--leadscale-only runs leadscale alone: it takes neither --baseline nor --reuse")
@@ -209,19 +221,21 @@ def main() -> int:
     jobs = [(name, seed) for name in workloads for seed in seeds]
     with ThreadPoolExecutor(max(1, args.jobs)) as pool:
         done = list(pool.map(lambda job: run_one(job[0], workloads[job[0]], job[1], out, args.leadscale_meta,
-                                                 args.reuse, args.baseline, args.leadscale_only), jobs))
+                                                 args.reuse, args.baseline, args.leadscale_only, args.static),
+                              jobs))
     results = dict(zip(jobs, done, strict=True))
     if args.leadscale_only:
-        print_leadscale_alone(workloads, seeds, results)
+        print_leadscale_alone(workloads, seeds, results, args.static)
         print(f"\ncompares: {out}")
         return 0
     print(f"Seeds {', '.join(map(str, seeds))}; mean over seeds [min–max]. GPU-hours (p95 TTFT).\n")
-    print("| workload | leadscale mean replicas | leadscale | waiting-requests | kv-cache | saturation | lower bound "
+    print("| workload | leadscale mean replicas | leadscale | waiting-requests | kv-cache | saturation |"
+          + (" static (hindsight) |" if args.static else "") + " lower bound "
           "| clairvoyant schedule | leadscale ÷ clairvoyant | leadscale ÷ bound | causally feasible | floors |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if args.static else ""))
     verdicts = {}
     for name in workloads:
-        line, verdict = row(name, [results[(name, s)] for s in seeds])
+        line, verdict = row(name, [results[(name, s)] for s in seeds], args.static)
         print(line)
         if verdict is not None:
             verdicts[name] = verdict

@@ -61,3 +61,21 @@ def test_only_takes_a_workload_whose_name_holds_a_comma():
     assert suite.only_names(name, suite.SUITE) == [name]
     assert suite.only_names("builtin default,gamma cv 4", suite.SUITE) == ["builtin default", "gamma cv 4"]
     assert suite.only_names(" diurnal ramp ", suite.SUITE) == ["diurnal ramp"]
+
+
+def test_static_adds_the_cheapest_fixed_fleet_as_a_column_the_floors_do_not_count(tmp_path, capsys):
+    suite = _suite()
+    result = suite.run_one("small", SMALL, 1, tmp_path, [], reuse=False, alone=True, static=True)
+    assert set(result) == {"leadscale", "static"}
+    fleet = result["static"]
+    assert suite.meets(fleet) and fleet["static_replicas"] >= 1
+    suite.print_leadscale_alone({"small": SMALL}, [1], {("small", 1): result}, static=True)
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("| small |"))
+    assert line.endswith(f"| {fleet['gpu_hours']:.2f} ({fleet['ttft_p95']:.2f}) |")
+    # in the full table it is a column, never a baseline: a cheaper static fleet does not fail a floor
+    runs = [{**result, "oracle": {"gpu_hours": 1.0, "oracle_gpu_hours": 1.0, "ttft_p95": 1.0},
+             "static": {**fleet, "gpu_hours": 0.001},
+             **{b: {"gpu_hours": 99.0, "ttft_p95": 99.0} for b in suite.BASELINES}}]
+    text, verdict = suite.row("small", runs, static=True)
+    assert verdict is not None and verdict["cheaper"]
+    assert text.count("|") == 14  # 13 columns: one more than without it
