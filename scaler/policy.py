@@ -350,8 +350,9 @@ def decide(signals: Signals, state: PolicyState, config: PolicyConfig, now: floa
                         still_starting, config.level_time_constants_s)
     headroom = demand_band[1]
     # the level the band was measured from (the raw demand unless a smoothed one gave a narrower band); a surge
-    # is read raw: it is the one change the queue already proves
-    level = nominal if surging else _clip(forecast.level_now(headroom, now, nominal))
+    # is read raw: it is the one change the queue already proves; so is an idle model (nothing to average, and
+    # an average of the past would hold replicas that scale-to-zero should release)
+    level = nominal if surging or not active else _clip(forecast.level_now(headroom, now, nominal))
     demand = _clip(level / seen.efficiency)
     slope = _clip(trend.used / seen.efficiency)
     forecast_demand = _clip(demand + slope * lead_s)

@@ -480,3 +480,29 @@ def test_a_steady_noisy_load_is_carried_by_its_average_and_a_surge_by_its_raw_de
                    state, config(level_time_constants_s=(0.0, 300.0), scale_down_delay_s=60.0), t)
     assert surge.terms["surging"] == 1.0
     assert surge.terms["level_replicas"] == surge.terms["nominal_demand_replicas"]
+
+
+def test_an_idle_model_scales_to_zero_even_when_its_band_was_measured_from_a_smoothed_level() -> None:
+    """An average of the past lags a drop to nothing by its time constant; an idle model is read raw, so
+    scale-to-zero (minReplicas 0) happens after the scale-down delay, not after the average decays. A small
+    load (1.5 replicas): its past horizons stay comparable to an idle level, so the band keeps its choice."""
+    import numpy as np
+
+    rng = np.random.default_rng(3)
+    minute = rng.normal(0.0, 0.12, 200)
+    cfg = config(scale_down_delay_s=60.0, min_replicas=0)
+    state, ready, d = PolicyState(), 2, None
+    for k in range(1440):
+        t = 5.0 * k
+        d = decide(signals(at=t, prompt_tokens_per_s=10_000.0 * 1.5 * (1.0 + minute[k // 12]), requests_running=2.0,
+                           ready_replicas=ready), state, cfg, t)
+        state, ready = d.state, d.desired_replicas
+    assert d is not None and d.terms["level_time_constant_s"] == 300.0  # the smoothed level sizes this load
+    first = decide(signals(at=7200.0, ready_replicas=ready), state, cfg, 7200.0)  # the load stops
+    assert first.terms["level_replicas"] == 0.0 and first.terms["demand_replicas"] == 0.0
+    state = first.state
+    for k in range(1441, 1441 + 30):  # nothing running, nothing waiting, for 150 s
+        t = 5.0 * k
+        d = decide(signals(at=t, ready_replicas=ready), state, cfg, t)
+        state, ready = d.state, d.desired_replicas
+    assert d.desired_replicas == 0
