@@ -186,13 +186,14 @@ def horizon_rises(history: Samples, lead_s: float, slopes: Samples = (), level: 
     within the next lead time demand is above the band with probability ``1 - q``. With ``level``,
     only horizons that started within a factor ``LEVEL_BAND`` of it count: how far 1 replica of demand
     jumped says little about 8."""
-    return _rises_and_lags(history, lead_s, slopes, level, floor)[0]
+    table = _rise_table(*_columns(history), lead_s, slopes, level, floor)
+    return table.rises(None, floor) if table is not None else np.empty(0)
 
 
 @dataclass(frozen=True)
 class _RiseTable:
     """The past horizons a band pools, flattened once (``_rise_table``): every (start, later sample) pair of
-    ``_rises_and_lags`` with the start's raw demand and trend, so rises from any level cost a few array ops."""
+    ``horizon_rises`` with the start's raw demand and trend, so rises from any level cost a few array ops."""
 
     starts: np.ndarray
     """History indices of the horizons' starts."""
@@ -215,12 +216,12 @@ class _RiseTable:
         return np.concatenate([now, (self.later - base[self.owner]) / scale[self.owner]])
 
 
-def _rise_table(history: Samples, lead_s: float, slopes: Samples, level: float | None,
+def _rise_table(t: np.ndarray, v: np.ndarray, lead_s: float, slopes: Samples, level: float | None,
                 floor: float) -> _RiseTable | None:
-    """The horizons of ``horizon_rises`` as a ``_RiseTable``; ``None`` when there is none."""
-    if len(history) < 2:
+    """The horizons of ``horizon_rises`` in a history of times ``t`` and demands ``v`` (``_columns``) as a
+    ``_RiseTable``; ``None`` when there is none."""
+    if t.size < 2:
         return None
-    t, v = _columns(history)
     starts = _selected_starts(t, v, lead_s, level, floor)
     if starts.size == 0:
         return None
@@ -235,17 +236,6 @@ def _rise_table(history: Samples, lead_s: float, slopes: Samples, level: float |
     owner = np.broadcast_to(np.arange(starts.size)[:, np.newaxis], later.shape)
     return _RiseTable(starts, v[starts], ahead[inside], owner[inside],
                       np.concatenate([np.zeros(starts.size), elapsed[inside]]))
-
-
-def _rises_and_lags(history: Samples, lead_s: float, slopes: Samples, level: float | None,
-                    floor: float, levels: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """``horizon_rises`` and, beside each rise, its lag in seconds (0 for the lag-0 entries). With ``levels``
-    (one per history sample, ``smoothed_levels``) each horizon's forecast starts from the level rather than
-    the raw sample, and its lag-0 entry is the raw demand's own distance above the level."""
-    table = _rise_table(history, lead_s, slopes, level, floor)
-    if table is None:
-        return np.empty(0), np.empty(0)
-    return table.rises(levels, floor), table.lags
 
 
 def _selected_starts(t: np.ndarray, v: np.ndarray, lead_s: float, level: float | None, floor: float) -> np.ndarray:
@@ -323,9 +313,9 @@ def level_headroom(history: Samples, slopes: Samples, lead_s: float, level: floa
     last noisy minute is; on a load that moves (a ramp, steps, a day) the raw demand is, because a
     smoothed level lags, and its band, which measures that lag, comes out wider."""
     lead = max(lead_s, 0.0)
-    table = _rise_table(history, lead, slopes, level, RISE_FLOOR)
+    t, v = _columns(history)
+    table = _rise_table(t, v, lead, slopes, level, RISE_FLOOR)
     pool = _Pool.of(table, lead, prior_rise, prior_horizons, spacing_s, survival)
-    t, v = _columns(history) if history else (np.empty(0), np.empty(0))
     last_at = float(t[-1]) if t.size else 0.0
     best: Headroom | None = None
     for tau in time_constants:
@@ -402,7 +392,7 @@ def lead_time_headroom(history: Samples, slopes: Samples, lead_s: float, level: 
     ``lead_s`` weighs the same (the lead time taken as certain). ``levels``: rises from a smoothed level
     (``level_headroom``)."""
     lead = max(lead_s, 0.0)
-    table = _rise_table(history, lead, slopes, level, RISE_FLOOR)
+    table = _rise_table(*_columns(history), lead, slopes, level, RISE_FLOOR)
     pool = _Pool.of(table, lead, prior_rise, prior_horizons, spacing_s, survival)
     rises = table.rises(levels, RISE_FLOOR) if table is not None else np.empty(0)
     return Headroom(pool.quantile(rises, quantile), pool.horizons)

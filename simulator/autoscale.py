@@ -172,6 +172,12 @@ def run_autoscaled(workload: Any, profile: Any, policy: str | TriggerPolicy | Fi
                                             else oracle_budget))
 
 
+def meets_slo(run: AutoscaleResult, slo_ttft_s: float) -> bool:
+    """Whether a run's p95 TTFT is within the SLO (a run with no first token, or a non-finite p95, is not)."""
+    p95 = run.summary.get("ttft_p95")
+    return p95 is not None and math.isfinite(p95) and p95 <= slo_ttft_s
+
+
 def best_static_fleet(fixed_run: Callable[[int], AutoscaleResult], need: np.ndarray, slo_ttft_s: float,
                       min_replicas: int, max_replicas: int) -> AutoscaleResult:
     """The run of the smallest fixed fleet whose p95 TTFT meets the SLO over the whole workload; its summary
@@ -181,10 +187,6 @@ def best_static_fleet(fixed_run: Callable[[int], AutoscaleResult], need: np.ndar
     need, down one at a time while the size below still meets the SLO, or up in doubling steps until one
     meets it and then by bisection between the last miss and that size. When no size up to
     ``max_replicas`` meets it, the largest is reported (its summary shows the miss)."""
-    def meets(run: AutoscaleResult) -> bool:
-        p95 = run.summary.get("ttft_p95")
-        return p95 is not None and math.isfinite(p95) and p95 <= slo_ttft_s
-
     tried: dict[int, AutoscaleResult] = {}
 
     def at(replicas: int) -> AutoscaleResult:
@@ -194,16 +196,16 @@ def best_static_fleet(fixed_run: Callable[[int], AutoscaleResult], need: np.ndar
 
     low = max(min_replicas, 1)
     size = min(max(low, math.ceil(float(np.mean(need)) - 1e-9) if len(need) else low), max_replicas)
-    if meets(at(size)):
-        while size > low and meets(at(size - 1)):
+    if meets_slo(at(size), slo_ttft_s):
+        while size > low and meets_slo(at(size - 1), slo_ttft_s):
             size -= 1
     else:
         miss, step = size, 1
-        while size < max_replicas and not meets(at(size)):
+        while size < max_replicas and not meets_slo(at(size), slo_ttft_s):
             miss, size, step = size, min(size + step, max_replicas), step * 2
-        while size - miss > 1 and meets(at(size)):  # the smallest meeting size is in (miss, size]
+        while size - miss > 1 and meets_slo(at(size), slo_ttft_s):  # the smallest meeting size is in (miss, size]
             middle = (miss + size) // 2
-            if meets(at(middle)):
+            if meets_slo(at(middle), slo_ttft_s):
                 size = middle
             else:
                 miss = middle
@@ -277,8 +279,7 @@ def initial_fleet(workload: Any, profile: Any, need: np.ndarray, slo_ttft_s: flo
     for replicas in range(estimate, min(2 * estimate, max_replicas) + 1):
         run = _simulate(make_backend(head), Fixed(replicas), never, seed, slo_ttft_s, need, replicas, 0.0, 1.0,
                         None, None, min_replicas)
-        p95 = run.summary.get("ttft_p95")
-        if p95 is not None and p95 <= slo_ttft_s:
+        if meets_slo(run, slo_ttft_s):
             return replicas
     return estimate
 
