@@ -75,7 +75,8 @@ def band_by_lag(run_dir: Path, survival: lead_time.Survival, q: float) -> tuple[
     # began before the run is a ramp from nothing)
     keep = (t >= t[-1] - 3600.0) & (t > t[0] + RATE_WINDOW_S)
     t, v = t[keep], v[keep]
-    # horizons from levels like the run's typical one (the policy selects by the level at each decision)
+    # horizons from levels like the run's typical one (the policy selects by the level at each decision); the
+    # rise table itself, not horizon_rises, because the weights here need each rise's lag
     table = forecast._rise_table(t, v, lead, (), float(np.median(v)), forecast.RISE_FLOOR)
     if table is None:
         raise ValueError(f"{run_dir}: no complete lead time in the history")
