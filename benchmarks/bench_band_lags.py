@@ -30,32 +30,27 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from bench_policy_suite import SUITE, slug  # noqa: E402
+from bench_policy_suite import FLAGS, SUITE, slug  # noqa: E402
 
 from scaler import forecast, lead_time  # noqa: E402
 from scaler.policy import HISTORY_SPACING_S  # noqa: E402
+from simulator.coldstart import parse_cold_start  # noqa: E402
 
 RATE_WINDOW_S = 60.0
-COLD_START = (120.0, 240.0)
-"""The suite's cold starts, ``lognormal:p50=120,p90=240``: the weights' distribution."""
 
 
 def cold_start_survival(draws: int = 2000, seed: int = 0) -> lead_time.Survival:
-    """The survival function of the suite's lognormal cold start, from ``draws`` samples."""
-    p50, p90 = COLD_START
-    sigma = np.log(p90 / p50) / 1.2815515655446004  # z of the 90th percentile
-    starts = p50 * np.exp(sigma * np.random.default_rng(seed).standard_normal(draws))
-    survival = lead_time.survival(tuple(starts), window=draws)
+    """The survival function of the suite's cold start (its ``--cold-start`` flag), from ``draws`` samples."""
+    cold_start = parse_cold_start(FLAGS[FLAGS.index("--cold-start") + 1])
+    rng = np.random.default_rng(seed)
+    survival = lead_time.survival(tuple(cold_start.sample(rng) for _ in range(draws)), window=draws)
     assert survival is not None
     return survival
 
 
-def weighted_quantile(values: np.ndarray, weights: np.ndarray, q: float) -> float:
-    """The smallest value whose weighted share at or below it reaches ``q``."""
-    order = np.argsort(values, kind="stable")
-    cumulative = np.cumsum(weights[order])
-    index = min(int(np.searchsorted(cumulative, q * cumulative[-1], side="left")), order.size - 1)
-    return float(values[order[index]])
+def weighted_quantile(rises: np.ndarray, weights: np.ndarray, q: float) -> float:
+    """The policy's own weighted quantile (``forecast._Pool``), with no prior pooled in."""
+    return forecast._Pool(weights, 0.0, 0.0, 0, 0).quantile(rises, q)
 
 
 def demand_history(run_dir: Path) -> tuple[np.ndarray, np.ndarray, float]:

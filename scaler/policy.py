@@ -11,7 +11,8 @@ one replica sustains within the SLO, ``ReplicaCapacity``) with one small model:
    rate window (arrivals = served + backlog growth: a saturated fleet's throughput hides the rest),
    and the backlog itself;
 3. **headroom** over the measured lead time, sized from the demand's own variability: the ``q``
-   quantile of how far demand rose within past lead times (``scaler.forecast.lead_time_headroom``),
+   quantile of how far demand rose within past lead times (``scaler.forecast.level_headroom``: from the
+   raw demand or its 5-minute average, whichever band is narrower),
    each lag weighed by how often a pod ordered now is still starting then (the measured cold starts).
    The fleet now must carry the peak of the next lead time, because nothing ordered now serves
    sooner, and nothing removed now comes back sooner: so scale-down happens only when the fleet
