@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
-from scaler import evaluation
+from scaler import evaluation, warmup
 from scaler.cli_types import comma_separated
 from scaler.evaluator import (
     Answer,
@@ -86,6 +86,7 @@ class DecisionSettings:
     log_level: str = "INFO"
     log_format: str = "text"
     gil_switch_ms: float = 0.5
+    warm_up_s: float = warmup.DEFAULT_SPAN_S
 
     @classmethod
     def from_args(cls, args: Any) -> DecisionSettings:
@@ -94,7 +95,7 @@ class DecisionSettings:
                    interval_s=float(args.interval),
                    staleness_limit_s=float(args.staleness_limit), idle_timeout_s=float(args.idle_timeout),
                    max_objects=int(args.max_objects), kubernetes=bool(args.kubernetes),
-                   deletion_cost=bool(args.deletion_cost),
+                   deletion_cost=bool(args.deletion_cost), warm_up_s=float(args.warm_up),
                    prometheus_auth_modes=getattr(args, "prometheus_auth_modes", None),
                    prometheus_auth_dir=getattr(args, "prometheus_auth_dir", None),
                    source_factory=getattr(args, "source_factory", None), log_level=str(args.log_level),
@@ -364,7 +365,8 @@ def _build_evaluator(settings: DecisionSettings, send: Callable[[tuple[Any, ...]
     return Evaluator(prometheus_url=settings.prometheus_url, scrape_targets=settings.scrape_targets,
                      interval_s=settings.interval_s, staleness_limit_s=settings.staleness_limit_s,
                      idle_timeout_s=settings.idle_timeout_s, source_factory=factory, kube=kube,
-                     max_objects=settings.max_objects, on_evaluated=on_evaluated, on_dropped=on_dropped)
+                     max_objects=settings.max_objects, on_evaluated=on_evaluated, on_dropped=on_dropped,
+                     warm_up_s=settings.warm_up_s)
 
 
 def child_main(settings: DecisionSettings, commands: Connection, updates: Connection) -> None:

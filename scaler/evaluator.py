@@ -13,6 +13,10 @@ namespace/name plus its metadata (a changed trigger is a new object; the old one
 - Failure semantics: a failed fetch (or data older than ``staleness_limit_s``) keeps the last good
   decision only while the data behind it is younger than the limit; after that ``Unavailable`` so
   KEDA's own fallback applies. Nothing here ever invents a 0.
+- Warm-up (``warm_up_s``, an hour by default): a new object whose source keeps history (Prometheus)
+  has the last hour replayed through the same step in the background (``scaler.warmup``); the next
+  round decides from the state that replay ended in, so a restarted scaler sizes as one that never
+  stopped instead of from the policy's first-minute defaults. Until then it decides as a new one.
 - Idle objects (not asked about for ``idle_timeout_s``; an open StreamIsActive counts as asking) are
   dropped with their metrics.
 - The optional Kubernetes observer (``kube``) refines each snapshot, bounds, drains and discovers
@@ -21,6 +25,7 @@ namespace/name plus its metadata (a changed trigger is a new object; the old one
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -30,7 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from scaler import evaluation, evaluator_kube
+from scaler import evaluation, evaluator_kube, warmup
 from scaler.evaluator_kube import KubeObserver
 from scaler.metadata import MetadataError, Problem, ScalerConfig, parse_metadata
 from scaler.signals import Signals
@@ -160,6 +165,10 @@ class _Entry:
     lock: threading.Lock = field(default_factory=threading.Lock)
     tag: Any = None
     """The owner's handle for it (``scaler.decision_process`` keeps its object id here)."""
+    warm: warmup.Replayed | None = None
+    """A replay of its history waiting to be taken up by the next round (``scaler.warmup``)."""
+    warmed_from: int = 0
+    """Snapshots of history the state it decides from was replayed over (0: none, it started from nothing)."""
 
 
 @dataclass(frozen=True)
@@ -183,11 +192,16 @@ class Evaluator:
                  kube: KubeObserver | None = None, telemetry: Telemetry | None = None,
                  clock: Callable[[], float] = time.time, max_objects: int = 10_000,
                  on_evaluated: Callable[[list[_Entry]], None] | None = None,
-                 on_dropped: Callable[[list[_Entry]], None] | None = None) -> None:
+                 on_dropped: Callable[[list[_Entry]], None] | None = None,
+                 warm_up_s: float = warmup.DEFAULT_SPAN_S) -> None:
         for label, value in (("interval_s", interval_s), ("staleness_limit_s", staleness_limit_s),
                              ("idle_timeout_s", idle_timeout_s), ("first_call_timeout_s", first_call_timeout_s)):
             if not (isinstance(value, (int, float)) and 0 < value < float("inf")):
                 raise ValueError(f"Evaluator {label}={value!r}: must be a finite number of seconds > 0")
+        if not (isinstance(warm_up_s, (int, float)) and 0 <= warm_up_s < float("inf")):
+            raise ValueError(f"Evaluator warm_up_s={warm_up_s!r}: must be a finite number of seconds >= 0 "
+                             "(0: no warm-up)")
+        self.warm_up_s = float(warm_up_s)
         if not (isinstance(max_objects, int) and max_objects >= 1):
             raise ValueError(f"Evaluator max_objects={max_objects!r}: must be an integer >= 1")
         self.max_objects = max_objects
@@ -285,6 +299,47 @@ class Evaluator:
         finally:  # never leave a caller waiting on an entry the loop would skip
             for entry in batch:
                 entry.evaluated.set()
+        if self.warm_up_s > 0:
+            for key, members in groups.items():
+                self._pool.submit(self._warm_up, key, members)
+
+    def _warm_up(self, key: SourceKey, members: list[_Entry]) -> None:
+        """Replay the new objects' history (``scaler.warmup``) and leave each result for its next round."""
+        history = getattr(self._source(key), "history", None)
+        if not callable(history):  # scraping pods directly: nothing was kept
+            return
+        for first in range(0, len(members), warmup.TARGETS_PER_READ):
+            chunk = members[first:first + warmup.TARGETS_PER_READ]
+            start, end = warmup.window(self.clock(), self.warm_up_s)
+            targets = [e.target for e in chunk] + [e.route_target for e in chunk if e.route_target is not None]
+            try:
+                answers = history(targets, start, end, warmup.SPACING_S)
+            except Exception as exc:  # a source must not raise; if it does, these objects start from nothing
+                LOG.warning("warm-up: reading %s's history failed (%s: %s); %d objects start from nothing",
+                            _describe(key), type(exc).__name__, exc, len(chunk))
+                continue
+            for entry in chunk:
+                try:
+                    replayed = warmup.replay(self._replay_settings(entry, answers),
+                                             warmup.snapshots_of(answers, entry.target, entry.route_target))
+                except Exception:
+                    LOG.exception("warm-up of %s/%s failed; it starts from nothing", entry.namespace, entry.name)
+                    continue
+                if replayed.used:
+                    with entry.lock:
+                        entry.warm = replayed
+                time.sleep(0)  # a replay is pure Python: let RPCs and the rounds in
+
+    def _replay_settings(self, entry: _Entry, answers: list[tuple[float, dict[Target, Signals | SourceError]]],
+                         ) -> warmup.Replay:
+        """How ``entry``'s history is replayed: with the cold starts, lead time and bounds known now."""
+        label = str(dict(entry.route_target.label_matchers)) if entry.route_target is not None else ""
+        how = warmup.Replay(entry.config, _describe(entry.source_key), self.staleness_limit_s, route_label=label)
+        seen = next((a[entry.target] for _, a in reversed(answers) if isinstance(a.get(entry.target), Signals)), None)
+        if self.kube is None or not isinstance(seen, Signals):
+            return how
+        merged = evaluator_kube.merge(self.kube, entry.namespace, entry.name, seen, entry.config.lead_time_auto)
+        return dataclasses.replace(how, bounds=(merged.min_replicas, merged.max_replicas), current=merged.signals)
 
     def _source_key(self, config: ScalerConfig, namespace: str = "", name: str = "") -> SourceKey:
         return source_key(config, self.prometheus_url, self.scrape_targets, self.kube is not None, namespace, name)
@@ -399,10 +454,13 @@ class Evaluator:
                 self._kube_failed(entry, "observe", exc)
         signals = merged.signals
         # only one evaluation of an entry runs at a time (rounds skip entries whose first one is running)
-        previous = entry.held
+        with entry.lock:
+            previous, warm = entry.held, entry.warm
+        # a replay of its history, once it is ready, replaces what the object learned alone since it was new
+        warm = warm if warm is not None and warm.last_at < now else None
         try:
-            held = evaluation.step(entry.config, previous, signals, now, (merged.min_replicas, merged.max_replicas),
-                                   _describe(entry.source_key), whole)
+            held = evaluation.step(entry.config, warm.held if warm is not None else previous, signals, now,
+                                   (merged.min_replicas, merged.max_replicas), _describe(entry.source_key), whole)
         except evaluation.Skipped as exc:
             self._fail(entry, str(exc), exc.reason)
             return
@@ -410,6 +468,12 @@ class Evaluator:
         assert decision is not None
         with entry.lock:
             entry.held, entry.error = held, None
+            if warm is not None:
+                entry.warm, entry.warmed_from = None, warm.used
+        if warm is not None:
+            LOG.info("%s/%s: warmed up from %d of %d snapshots of %s's history (the last %.0f s); efficiency %.3g",
+                     entry.namespace, entry.name, warm.used, warm.offered, _describe(entry.source_key),
+                     self.warm_up_s, held.state.capacity.efficiency if held.state is not None else 1.0)
         changed = previous.decision is None or (previous.decision.desired_replicas, previous.decision.active) != (
             decision.desired_replicas, decision.active)
         if self.kube is not None and merged.seen and decision.desired_replicas < signals.ready_replicas:
@@ -451,6 +515,7 @@ class Evaluator:
                     "desired_replicas": None if d is None else d.desired_replicas,
                     "active": None if d is None else d.active, "reason": None if d is None else d.reason,
                     "terms": {} if d is None else dict(d.terms), "last_asked": e.last_asked,
+                    "warmed_up_from": e.warmed_from,
                 })
         return sorted(out, key=lambda item: (item["namespace"], item["name"], item["metric_name"],
                                              -item["last_asked"]))

@@ -12,7 +12,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from scaler import evaluation
+from scaler import evaluation, warmup
 from scaler.cli_types import boolean, choice, integer, number, port, seconds
 from scaler.limits import Limit
 
@@ -40,6 +40,9 @@ FLAGS: tuple[tuple[str, Callable[[str], Any], Any, str], ...] = (
     ("--staleness-limit", seconds, evaluation.DEFAULT_STALENESS_LIMIT_S,
      "seconds a last good decision may be reused after failed fetches; older means UNAVAILABLE"),
     ("--idle-timeout", seconds, 600.0, "drop a scaled object not asked about for this many seconds"),
+    ("--warm-up", number(Limit(0.0, 86_400.0), "seconds"), warmup.DEFAULT_SPAN_S,
+     "replay this much of a new scaled object's Prometheus history through the policy, so a restarted scaler "
+     "decides with what it had learned (efficiency, headroom bands); 0 turns it off"),
     ("--kubernetes", boolean, False,
      "read ready/starting pods, measured lead time and min/max from the API server (in-cluster or kubeconfig)"),
     ("--deletion-cost", boolean, False,

@@ -30,6 +30,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from scaler import warmup
 from scaler._proto import externalscaler_pb2 as pb
 from scaler._proto import externalscaler_pb2_grpc as pb_grpc
 from scaler.cli_types import comma_separated
@@ -291,6 +292,7 @@ def _in_process_evaluator(args: Any, telemetry: Telemetry) -> tuple[Evaluator, A
     evaluator = Evaluator(prometheus_url=args.prometheus_url, scrape_targets=scrape, interval_s=args.interval,
                           staleness_limit_s=args.staleness_limit, idle_timeout_s=args.idle_timeout,
                           telemetry=telemetry, kube=kube, max_objects=args.max_objects,
+                          warm_up_s=float(getattr(args, "warm_up", warmup.DEFAULT_SPAN_S)),
                           source_factory=getattr(args, "source_factory", None) or (
                               lambda key: default_source_factory(key, auth if key == own else None)))
     return evaluator, kube

@@ -18,18 +18,18 @@ import math
 import shutil
 import subprocess
 import time
-from collections import defaultdict
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from conftest import require
+from support.openmetrics import openmetrics
 from support.prometheus import PrometheusServer
 
 from scaler.signals import Signals
 from scaler.sources.base import Target
 from scaler.sources.prometheus import PrometheusSource
-from simulator.observe import CACHE_CONFIG, ObserveConfig, Observer, metrics_of
+from simulator.observe import ObserveConfig, Observer, metrics_of
 
 MODEL = "parity-model"
 REPLICAS = 3
@@ -91,42 +91,6 @@ def simulate_scrapes() -> tuple[dict[float, Signals | None], list[tuple[int, flo
     return signals, taken, gateway
 
 
-def openmetrics(start: int, taken: list[tuple[int, float, dict[str, float]]],
-                gateway: list[tuple[float, float]]) -> str:
-    """The same samples as an OpenMetrics file for promtool, each family's series together in time order."""
-    families: dict[tuple[str, str], list[tuple[str, float, float]]] = defaultdict(list)
-    for rid, t, metrics in taken:
-        base = f'instance="pod-{rid}:8000",job="vllm"'
-        families[("up", "gauge")].append((f"up{{{base}}}", t, 1.0))
-        labels = f'{base},model_name="{MODEL}"'
-        for name, value in metrics.items():
-            if name == CACHE_CONFIG:
-                blocks = int(value) // 16
-                families[("vllm:cache_config", "info")].append(
-                    (f'vllm:cache_config_info{{{base},block_size="16",num_gpu_blocks="{blocks}"}}', t, 1.0))
-            elif "_bucket{" in name:
-                family, le = name.split("_bucket{", 1)
-                families[(family, "histogram")].append((f"{family}_bucket{{{labels},{le[:-1]}}}", t, value))
-                if le.startswith('le="+Inf"') and family.endswith("seconds"):  # a histogram needs its count
-                    families[(family, "histogram")].append((f"{family}_count{{{labels}}}", t, value))
-                    families[(family, "histogram")].append((f"{family}_sum{{{labels}}}", t, 0.4 * value))
-            elif name.endswith(("_sum", "_count")):
-                family = name.rsplit("_", 1)[0]
-                families[(family, "histogram")].append((f"{name}{{{labels}}}", t, value))
-            elif name.endswith("_total"):
-                families[(name[: -len("_total")], "counter")].append((f"{name}{{{labels}}}", t, value))
-            else:
-                families[(name, "gauge")].append((f"{name}{{{labels}}}", t, value))
-    for t, value in gateway:
-        families[("gateway_queue_requests", "gauge")].append(('gateway_queue_requests{job="gateway"}', t, value))
-    lines = []
-    for (family, kind), samples in families.items():
-        lines.append(f"# TYPE {family} {kind}")
-        samples.sort(key=lambda s: (s[0], s[1]))
-        lines += [f"{series} {value!r} {start + t:.3f}" for series, t, value in samples]
-    return "\n".join(lines) + "\n# EOF\n"
-
-
 @pytest.fixture(scope="module")
 def backfilled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int, dict[float, Signals | None]]]:
     require(shutil.which("promtool") is not None, "promtool (apt-get install prometheus)")
@@ -178,3 +142,41 @@ def test_the_restart_is_inside_a_compared_window(
     assert at - 60 < RESTART[1] < at
     before, after = _live(url, start, 125.5), _live(url, start, at)
     assert after.prompt_tokens_per_s > 0.5 * before.prompt_tokens_per_s  # a reset read as a fall would halve it
+
+
+def test_a_range_read_of_history_equals_instant_reads_at_every_instant(
+        backfilled: tuple[str, int, dict[float, Signals | None]]) -> None:
+    """``PrometheusSource.history`` (one range query per signal, what a restarted scaler replays) answers
+    at every instant exactly what an instant ``fetch`` there answers: values, errors and the reset."""
+    url, start, _ = backfilled
+    target = Target(model=MODEL, activation_query=ACTIVATION, rate_window_s=60)
+    other = Target(model="no-such-model", rate_window_s=60)  # no series: the same error both ways
+    history = PrometheusSource(url, timeout_s=10).history([target, other], start + 0.5, start + 399.5, 15.0)
+    assert [at - start for at, _ in history] == [0.5 + 15 * k for k in range(27)]
+    measured = 0
+    for at, answers in history:
+        instant = PrometheusSource(url, timeout_s=10, evaluation_time=at).fetch([target, other], now=at)
+        for t in (target, other):
+            mine, theirs = answers[t], instant[t]
+            assert type(mine) is type(theirs), (at - start, t.model, mine, theirs)
+            if isinstance(mine, Signals):
+                # equal to the last bits but for sums Prometheus adds in its own series order (an avg of avgs)
+                assert isinstance(theirs, Signals)
+                assert _fields(mine) == pytest.approx(_fields(theirs), rel=1e-12, abs=1e-12), at - start
+                assert [le for le, _ in mine.ttft_buckets] == [le for le, _ in theirs.ttft_buckets]
+                measured += 1
+            else:
+                assert str(mine) == str(theirs)
+    assert measured >= 20  # most instants measured something: the comparison is not of errors alone
+
+
+def _fields(signals: Signals) -> list[float]:
+    """Every number in a snapshot, flattened (None as -1), for an approximate comparison."""
+    out: list[float] = []
+    for field in dataclasses.fields(Signals):
+        value = getattr(signals, field.name)
+        if isinstance(value, tuple):
+            out += [float(x) for pair in value for x in (pair if isinstance(pair, tuple) else (pair,))]
+        else:
+            out.append(-1.0 if value is None else float(value))
+    return out

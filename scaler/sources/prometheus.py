@@ -34,11 +34,13 @@ activation query that answered: then the model really has no ready replica and t
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 import threading
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -51,6 +53,10 @@ from scaler.sources.prometheus_auth import REDACTED, Material, PrometheusAuth
 GroupKey = tuple[str, float, tuple[str, ...]]
 NO_AUTH = Material()
 OBSERVED_LOOKBACK_S = 120.0
+HISTORY_TIMEOUT_S = 10.0
+"""A range query over an hour reads 240 times the samples of an instant one: its own, longer timeout."""
+MAX_HISTORY_POINTS = 11_000
+"""Prometheus refuses range queries of more than 11,000 points per series."""
 MAX_CLIENTS = 64
 """HTTP clients kept (one per Prometheus address, each with its connection pool)."""
 SeriesKey = tuple[str, tuple[str, ...]]  # (model_name, values of the group's label names)
@@ -143,6 +149,8 @@ def group_queries(models: Sequence[str], matchers: dict[str, list[str]], window_
         "observed_window": f"count(count_over_time(up[{look}] offset {half})) or count(up) * 0",
     }
 
+SIGNAL_NAMES = tuple(group_queries(("model",), {}, 60.0))
+"""Every signal ``group_queries`` asks for, in its order."""
 INSTANCE_SIGNALS = ("replica_instances", "cache_config")
 """Signals kept as rows: joined by ``instance`` in ``_kv_cache_tokens``."""
 
@@ -264,27 +272,93 @@ class PrometheusSource:
 
     def fetch(self, targets: Sequence[Target], now: float) -> dict[Target, Signals | SourceError]:
         """Measure every target; ``now`` (Unix seconds) stamps the snapshots."""
-        groups: dict[GroupKey, list[Target]] = defaultdict(list)
-        for target in dict.fromkeys(targets):
-            address = (target.prometheus_address or self.url).rstrip("/")
-            groups[(address, target.rate_window_s, tuple(sorted(k for k, _ in target.label_matchers)))].append(target)
         out: dict[Target, Signals | SourceError] = {}
-        for (address, window_s, names), members in groups.items():
+        for (address, window_s, names), members in self._groups(targets).items():
             out.update(self._fetch_group(address, window_s, names, members, now))
         return out
 
     def _fetch_group(self, address: str, window_s: float, names: tuple[str, ...], members: list[Target],
                      now: float) -> dict[Target, Signals | SourceError]:
-        matchers: dict[str, list[str]] = {name: [] for name in names}
-        for target in members:
-            for name, value in target.label_matchers:
-                matchers[name].append(value)
+        try:
+            rows = {signal: self.query(address, promql)
+                    for signal, promql in group_queries([t.model for t in members], _matchers(names, members),
+                                                        window_s).items()}
+        except SourceError as exc:
+            return {target: exc for target in members}
+        return self._group_signals(address, window_s, names, members, rows, now,
+                                   lambda target: self._activation(target, address))
+
+    def history(self, targets: Sequence[Target], start: float, end: float,
+                step_s: float) -> list[tuple[float, dict[Target, Signals | SourceError]]]:
+        """Every target's snapshot at ``start``, ``start + step_s``, ... up to ``end`` (Unix seconds), as
+        ``fetch`` would have measured it at that instant: the same PromQL and the same assembly, read with
+        one range query per signal and group (``HISTORY_TIMEOUT_S``) instead of an instant query per signal,
+        group and instant. What a restarted scaler replays to learn what it knew (``scaler.warmup``)."""
+        for label, value in (("start", start), ("end", end), ("step_s", step_s)):
+            if not (isinstance(value, (int, float)) and math.isfinite(value)):
+                raise ValueError(f"PrometheusSource.history {label}={value!r}: must be a finite number")
+        if step_s <= 0 or end < start:
+            raise ValueError(f"PrometheusSource.history step_s={step_s!r}, start={start!r}, end={end!r}: want "
+                             "step_s > 0 and start <= end")
+        count = int((end - start) // step_s) + 1
+        if count > MAX_HISTORY_POINTS:
+            raise ValueError(f"PrometheusSource.history: {count} instants; at most {MAX_HISTORY_POINTS} "
+                             "(Prometheus refuses longer range queries)")
+        instants = [start + k * step_s for k in range(count)]
+        out: list[dict[Target, Signals | SourceError]] = [{} for _ in instants]
+        for (address, window_s, names), members in self._groups(targets).items():
+            queries = group_queries([t.model for t in members], _matchers(names, members), window_s)
+            queries.update({_activation_key(t): t.activation_query for t in members if t.activation_query})
+            try:
+                by_instant: list[dict[str, list[Any]]] = [{} for _ in instants]
+                for signal, promql in queries.items():
+                    split = _split_range(self.query_range(address, promql, instants[0], instants[-1], step_s), instants)
+                    for k, answers_at in enumerate(by_instant):
+                        answers_at[signal] = split.get(k, [])
+            except SourceError as exc:
+                for answers in out:
+                    answers.update({target: exc for target in members})
+                continue
+            for answers, at, rows in zip(out, instants, by_instant, strict=True):
+                answers.update(self._group_signals(address, window_s, names, members, rows, at,
+                                                   functools.partial(self._activation_at, address=address, rows=rows)))
+        return list(zip(instants, out, strict=True))
+
+    def query_range(self, address: str, promql: str, start: float, end: float, step_s: float) -> list[Any]:
+        """Run one range query (``start`` and ``end`` sent exactly, not rounded to seconds as the client does);
+        any failure is a SourceError, with the same redaction as ``query``."""
+        try:
+            result = self._client(address).custom_query_range(
+                promql, start_time=datetime.fromtimestamp(start, tz=UTC),
+                end_time=datetime.fromtimestamp(end, tz=UTC), step=f"{step_s:g}s",
+                params={"start": repr(float(start)), "end": repr(float(end))},
+                timeout=max(self.timeout_s, HISTORY_TIMEOUT_S))
+        except Exception as exc:
+            detail = self._redact(address, str(exc))[:300]
+            raise SourceError(f"Prometheus {shown(address)} failed range query {promql!r}: {type(exc).__name__}: "
+                              f"{detail}") from exc
+        if not isinstance(result, list):
+            raise SourceError(f"Prometheus {shown(address)} answered range query {promql!r} with "
+                              f"{type(result).__name__}, not a list")
+        return result
+
+    def _groups(self, targets: Sequence[Target]) -> dict[GroupKey, list[Target]]:
+        groups: dict[GroupKey, list[Target]] = defaultdict(list)
+        for target in dict.fromkeys(targets):
+            address = (target.prometheus_address or self.url).rstrip("/")
+            groups[(address, target.rate_window_s, tuple(sorted(k for k, _ in target.label_matchers)))].append(target)
+        return groups
+
+    def _group_signals(self, address: str, window_s: float, names: tuple[str, ...], members: list[Target],
+                       rows_by_signal: dict[str, list[Any]], now: float,
+                       activation: Callable[[Target], float | None]) -> dict[Target, Signals | SourceError]:
+        """One group's snapshots from its queries' rows (instant-vector rows, as at one instant)."""
         tables: dict[str, dict[SeriesKey, float]] = {}
         rows_of: dict[str, list[Any]] = {}
         eval_time = observed = math.nan
         try:
-            for signal, promql in group_queries([t.model for t in members], matchers, window_s).items():
-                rows = self.query(address, promql)
+            for signal in SIGNAL_NAMES:
+                rows = rows_by_signal.get(signal, [])
                 if signal == "observed_window":  # one number for the whole Prometheus, no labels
                     observed = _sample(rows[0])[1] if rows else math.nan
                     continue
@@ -306,7 +380,7 @@ class PrometheusSource:
         for target in members:
             try:
                 out[target] = self._assemble(target, address, names, tables, eval_time, now,
-                                             _kv_cache_tokens(rows_of, target, names))
+                                             _kv_cache_tokens(rows_of, target, names), activation(target))
             except SourceError as exc:
                 out[target] = exc
             except ValueError as exc:  # Signals refused a value (absurd but finite sums overflowing, ...)
@@ -326,7 +400,8 @@ class PrometheusSource:
         return table
 
     def _assemble(self, target: Target, address: str, names: tuple[str, ...], tables: dict[str, dict[SeriesKey, float]],
-                  eval_time: float, now: float, kv_cache_tokens: float | None = None) -> Signals:
+                  eval_time: float, now: float, kv_cache_tokens: float | None = None,
+                  activation_value: float | None = None) -> Signals:
         values = dict(target.label_matchers)
         key = (target.model, tuple(values[n] for n in names))
         where = (f"model_name={target.model!r}" + "".join(f", {n}={values[n]!r}" for n in names)
@@ -346,7 +421,7 @@ class PrometheusSource:
             ttft_buckets=self._buckets(tables["ttft_buckets"], key),
             kv_cache_usage=value("kv_cache_usage"), kv_cache_tokens=kv_cache_tokens,
             prefix_cache_hit_share=value("prefix_cache_hit_share"),
-            activation_value=self._activation(target, address),
+            activation_value=activation_value,
             data_age_s=eval_time - newest if math.isfinite(eval_time) and math.isfinite(newest) else 0.0))
 
     @staticmethod
@@ -366,7 +441,17 @@ class PrometheusSource:
         """The target's own activation query, summed over its series; None when it returns nothing."""
         if target.activation_query is None:
             return None
-        rows = self.query(address, target.activation_query)
+        return self._activation_total(target, address, self.query(address, target.activation_query))
+
+    def _activation_at(self, target: Target, address: str, rows: dict[str, list[Any]]) -> float | None:
+        """The target's activation value from a range query's rows at one instant."""
+        return self._activation_total(target, address, rows.get(_activation_key(target), []))
+
+    @staticmethod
+    def _activation_total(target: Target, address: str, rows: list[Any]) -> float | None:
+        """An activation query's answer summed over its series; None when it returned nothing."""
+        if target.activation_query is None:
+            return None
         if len(rows) == 2 and not isinstance(rows[0], dict):  # a scalar result: [time, "value"]
             values = [_float(rows[1])]
         else:
@@ -378,3 +463,37 @@ class PrometheusSource:
             raise SourceError(f"activation query {target.activation_query!r} on {shown(address)} gave {values!r}: "
                               "want finite numbers")
         return total
+
+
+def _matchers(names: tuple[str, ...], members: Sequence[Target]) -> dict[str, list[str]]:
+    """Every value each of the group's label names takes over its members, for ``group_queries``."""
+    matchers: dict[str, list[str]] = {name: [] for name in names}
+    for target in members:
+        for name, value in target.label_matchers:
+            matchers[name].append(value)
+    return matchers
+
+
+def _activation_key(target: Target) -> str:
+    """The key a target's activation query's rows travel under beside the group's signals."""
+    return f"activation:{target.activation_query}"
+
+
+def _split_range(matrix: list[Any], instants: Sequence[float]) -> dict[int, list[Any]]:
+    """A range query's series split into the instant-vector rows each of ``instants`` would have answered
+    (``{index: [{"metric": ..., "value": [t, v]}, ...]}``); malformed series are passed on as rows for the
+    assembly to refuse. Prometheus steps from the exact start, so the samples fall on the instants (to the ms)."""
+    index = {round(t * 1000): k for k, t in enumerate(instants)}
+    out: dict[int, list[Any]] = defaultdict(list)
+    for series in matrix:
+        values = series.get("values") if isinstance(series, dict) else None
+        if not isinstance(values, list):
+            for k in range(len(instants)):  # the assembly names what is wrong with it
+                out[k].append(series)
+            continue
+        for point in values:
+            at = _float(point[0]) if isinstance(point, (list, tuple)) and len(point) == 2 else math.nan
+            k = index.get(round(at * 1000), -1) if math.isfinite(at) else -1
+            if k >= 0:
+                out[k].append({"metric": series.get("metric"), "value": point})
+    return out

@@ -1,0 +1,46 @@
+"""Scraped samples as an OpenMetrics file for ``promtool tsdb create-blocks-from openmetrics``: a real
+Prometheus that holds a history a test wrote (``PrometheusServer(data_dir=...)``)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from simulator.observe import CACHE_CONFIG
+
+MODEL = "parity-model"
+
+
+def openmetrics(start: int, taken: list[tuple[int, float, dict[str, float]]],
+                gateway: list[tuple[float, float]], model: str = MODEL) -> str:
+    """The same samples as an OpenMetrics file for promtool, each family's series together in time order."""
+    families: dict[tuple[str, str], list[tuple[str, float, float]]] = defaultdict(list)
+    for rid, t, metrics in taken:
+        base = f'instance="pod-{rid}:8000",job="vllm"'
+        families[("up", "gauge")].append((f"up{{{base}}}", t, 1.0))
+        labels = f'{base},model_name="{model}"'
+        for name, value in metrics.items():
+            if name == CACHE_CONFIG:
+                blocks = int(value) // 16
+                families[("vllm:cache_config", "info")].append(
+                    (f'vllm:cache_config_info{{{base},block_size="16",num_gpu_blocks="{blocks}"}}', t, 1.0))
+            elif "_bucket{" in name:
+                family, le = name.split("_bucket{", 1)
+                families[(family, "histogram")].append((f"{family}_bucket{{{labels},{le[:-1]}}}", t, value))
+                if le.startswith('le="+Inf"') and family.endswith("seconds"):  # a histogram needs its count
+                    families[(family, "histogram")].append((f"{family}_count{{{labels}}}", t, value))
+                    families[(family, "histogram")].append((f"{family}_sum{{{labels}}}", t, 0.4 * value))
+            elif name.endswith(("_sum", "_count")):
+                family = name.rsplit("_", 1)[0]
+                families[(family, "histogram")].append((f"{name}{{{labels}}}", t, value))
+            elif name.endswith("_total"):
+                families[(name[: -len("_total")], "counter")].append((f"{name}{{{labels}}}", t, value))
+            else:
+                families[(name, "gauge")].append((f"{name}{{{labels}}}", t, value))
+    for t, value in gateway:
+        families[("gateway_queue_requests", "gauge")].append(('gateway_queue_requests{job="gateway"}', t, value))
+    lines = []
+    for (family, kind), samples in families.items():
+        lines.append(f"# TYPE {family} {kind}")
+        samples.sort(key=lambda s: (s[0], s[1]))
+        lines += [f"{series} {value!r} {start + t:.3f}" for series, t, value in samples]
+    return "\n".join(lines) + "\n# EOF\n"
