@@ -47,7 +47,7 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         "serviceMonitor": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}},
         "service": {"headless": True}, "rbac": {"clusterWide": False},
         "scaler": {"prometheusUrl": "http://prometheus-operated.monitoring:9090", "extraArgs": ["--max-workers=64"],
-                   "extraEnv": [{"name": "TZ", "value": "UTC"}]},
+                   "warmUp": 900, "extraEnv": [{"name": "TZ", "value": "UTC"}]},
         "nodeSelector": {"kubernetes.io/os": "linux"}, "podAnnotations": {"team": "inference"},
         "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "system", "effect": "NoSchedule"}],
         "imagePullSecrets": [{"name": "registry"}],
@@ -152,6 +152,7 @@ def test_container_args_are_real_serve_flags(values: dict[str, Any]) -> None:
     resolved = serve_cli.resolve(args)
     assert resolved.port == 9090 and resolved.metrics_port == 9091
     assert resolved.kubernetes is values.get("kubernetes", {}).get("enabled", True)
+    assert resolved.warm_up == values.get("scaler", {}).get("warmUp", 3600)
     env = {e["name"]: e.get("value") for e in box["env"]}
     assert env["LEADSCALE_DELETION_COST"] == str(values.get("kubernetes", {}).get("deletionCost", {}).get(
         "enabled", False)).lower()
