@@ -4,6 +4,7 @@ Prometheus that holds a history a test wrote (``PrometheusServer(data_dir=...)``
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 
 from simulator.observe import CACHE_CONFIG
 
@@ -11,13 +12,14 @@ MODEL = "parity-model"
 
 
 def openmetrics(start: int, taken: list[tuple[int, float, dict[str, float]]],
-                gateway: list[tuple[float, float]], model: str = MODEL) -> str:
-    """The same samples as an OpenMetrics file for promtool, each family's series together in time order."""
+                gateway: list[tuple[float, float]], model: str | Callable[[int], str] = MODEL) -> str:
+    """The same samples as an OpenMetrics file for promtool, each family's series together in time order;
+    replica ``rid`` serves ``model`` (or ``model(rid)``)."""
     families: dict[tuple[str, str], list[tuple[str, float, float]]] = defaultdict(list)
     for rid, t, metrics in taken:
         base = f'instance="pod-{rid}:8000",job="vllm"'
         families[("up", "gauge")].append((f"up{{{base}}}", t, 1.0))
-        labels = f'{base},model_name="{model}"'
+        labels = f'{base},model_name="{model(rid) if callable(model) else model}"'
         for name, value in metrics.items():
             if name == CACHE_CONFIG:
                 blocks = int(value) // 16
