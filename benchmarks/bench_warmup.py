@@ -29,6 +29,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
+from support.openmetrics import openmetrics, steady_replica  # noqa: E402
+
 from scaler import evaluation, warmup  # noqa: E402
 from scaler.metadata import parse_metadata  # noqa: E402
 from scaler.sources.prometheus import PrometheusSource  # noqa: E402
@@ -36,7 +38,6 @@ from simulator.observe import metrics_of  # noqa: E402
 
 SPAN_S = 3660
 SCRAPE_S = 15
-TTFT_LE = (0.5, 1.0, 2.0, 5.0, math.inf)
 
 
 def meta(k: int) -> dict[str, str]:
@@ -48,17 +49,7 @@ def snapshot(rid: int, t: float) -> dict[str, Any]:
     """Replica ``rid``'s /metrics at ``t``: a load that wobbles around 1.5 requests/s, 2,400-token prompts."""
     done = math.floor(1.5 * t + 40 * math.sin(t / 300 + rid))
     shares = (0.6, 0.25, 0.12, 0.02, 0.01)
-    return {
-        "prompt_tokens_total": 2400.0 * done, "generation_tokens_total": 150.0 * done,
-        "num_requests_running": 6.0 + (int(t) // 60) % 3, "num_requests_waiting": float((int(t) // 45) % 3),
-        "kv_cache_usage_perc": 0.35 + 0.05 * ((int(t) // 30) % 4),
-        "prefix_cache_queries": 2400.0 * done, "prefix_cache_hits": 0.0,
-        "request_prompt_tokens_sum": 2400.0 * done, "request_prompt_tokens_count": float(done),
-        "request_generation_tokens_sum": 150.0 * done, "request_generation_tokens_count": float(done),
-        "time_to_first_token_seconds_bucket": [(le, float(math.floor(done * sum(shares[: i + 1]))))
-                                               for i, le in enumerate(TTFT_LE)],
-        "num_gpu_blocks": 12500, "block_size": 16,
-    }
+    return steady_replica(t, done, [float(math.floor(done * sum(shares[: i + 1]))) for i in range(len(shares))])
 
 
 def best_of(repeats: int, run: Any) -> float:
@@ -78,7 +69,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if shutil.which("promtool") is None:
         raise SystemExit("bench_warmup: promtool not found (apt-get install prometheus)")
-    from support.openmetrics import openmetrics
     from support.prometheus import PrometheusServer
 
     replicas = 2

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 from conftest import require
-from support.openmetrics import openmetrics
+from support.openmetrics import TTFT_LE, openmetrics, steady_replica
 from support.prometheus import PrometheusServer, eventually
 
 from scaler import evaluation, warmup
@@ -42,7 +42,6 @@ OBJ = ("llm", "chat")
 REPLICAS = 2
 SPAN_S = 4200  # 70 minutes: the warm-up's hour plus the rate window before it
 SCRAPE_S = 15
-TTFT_LE = (0.5, 1.0, 2.0, 5.0, math.inf)
 CALM_SHARE = (0.6, 0.25, 0.14, 0.01, 0.0)  # 1 % of first tokens after the 2 s SLO
 LATE_SHARE = (0.5, 0.2, 0.15, 0.1, 0.05)  # 15 %
 LATE_S = (3900, 4200)  # the last five minutes before the restart: first tokens late
@@ -56,16 +55,7 @@ def snapshot(rid: int, t: float) -> dict[str, Any]:
     done = math.floor(rate * t)
     cumulative = [math.floor(rate * ((t - late_for) * sum(CALM_SHARE[: i + 1]) + late_for * sum(LATE_SHARE[: i + 1])))
                   for i in range(len(TTFT_LE))]
-    return {
-        "prompt_tokens_total": 2400.0 * done, "generation_tokens_total": 150.0 * done,
-        "num_requests_running": 6.0 + (int(t) // 60) % 3, "num_requests_waiting": float((int(t) // 45) % 3),
-        "kv_cache_usage_perc": 0.35 + 0.05 * ((int(t) // 30) % 4),
-        "prefix_cache_queries": 2400.0 * done, "prefix_cache_hits": 0.0,
-        "request_prompt_tokens_sum": 2400.0 * done, "request_prompt_tokens_count": float(done),
-        "request_generation_tokens_sum": 150.0 * done, "request_generation_tokens_count": float(done),
-        "time_to_first_token_seconds_bucket": list(zip(TTFT_LE, map(float, cumulative), strict=True)),
-        "num_gpu_blocks": 12500, "block_size": 16,
-    }
+    return steady_replica(t, done, [float(c) for c in cumulative])
 
 
 @pytest.fixture(scope="module")

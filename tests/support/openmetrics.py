@@ -5,10 +5,27 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable
+from typing import Any
 
 from simulator.observe import CACHE_CONFIG
 
 MODEL = "parity-model"
+TTFT_LE = (0.5, 1.0, 2.0, 5.0, float("inf"))
+
+
+def steady_replica(t: float, done: int, ttft_counts: list[float]) -> dict[str, Any]:
+    """A replica's /metrics at ``t`` after ``done`` requests of 2,400 prompt and 150 output tokens, with
+    ``ttft_counts`` the cumulative counts of ``TTFT_LE``; running, waiting and KV usage wobble by the minute."""
+    return {
+        "prompt_tokens_total": 2400.0 * done, "generation_tokens_total": 150.0 * done,
+        "num_requests_running": 6.0 + (int(t) // 60) % 3, "num_requests_waiting": float((int(t) // 45) % 3),
+        "kv_cache_usage_perc": 0.35 + 0.05 * ((int(t) // 30) % 4),
+        "prefix_cache_queries": 2400.0 * done, "prefix_cache_hits": 0.0,
+        "request_prompt_tokens_sum": 2400.0 * done, "request_prompt_tokens_count": float(done),
+        "request_generation_tokens_sum": 150.0 * done, "request_generation_tokens_count": float(done),
+        "time_to_first_token_seconds_bucket": list(zip(TTFT_LE, ttft_counts, strict=True)),
+        "num_gpu_blocks": 12500, "block_size": 16,
+    }
 
 
 def openmetrics(start: int, taken: list[tuple[int, float, dict[str, float]]],
