@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 from support.http_proxy import HttpProxy
-from support.prometheus import PrometheusServer, free_port
+from support.prometheus import PrometheusServer, eventually, free_port
 from support.scaler_process import Keda, ScalerProcess
 from support.vllm_exporter import VllmExporter
 
@@ -398,12 +398,24 @@ def test_a_restarted_scaler_answers_from_prometheus_history_not_from_zero(pod: V
             scaler.start()  # same port: KEDA's channel reconnects
             up = time.monotonic()
             first = poller.wait("a good answer from the new process", lambda a: a.code == "ok", up)
+            # the new process also replays what Prometheus kept through the policy (scaler.warmup), in its
+            # decision process; the round after that decides from the replayed state
+            (row,) = eventually(lambda: _warmed(scaler.decisions()), timeout_s=SLOW_BOX_S)
+            warmed_at = time.monotonic()
             time.sleep(1.0)
     assert first.t - up < WINDOW_S, "answered within one rate window of starting"
     assert abs(first.value - value) <= 1, (first.value, value)  # from Prometheus's history, not from zero
-    only(poller.since(first.t), lambda a: a.code == "ok" and abs(a.value - value) <= 1, "and it stays there")
+    only(poller.since(first.t), lambda a: a.code == "ok" and abs(a.value - value) <= 1,
+         "and it stays there, through the warm-up")
+    assert "warmed up from" in scaler.log()
     all_within_deadline(poller.answers)
-    report("scaler-restart", before=value, first_after=first.value, first_answer_s=first.t - up)
+    report("scaler-restart", before=value, first_after=first.value, first_answer_s=first.t - up,
+           warmed_after_s=warmed_at - up, warmed_from=row["warmed_up_from"])
+
+
+def _warmed(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    assert [r["warmed_up_from"] >= 1 for r in rows] == [True], rows
+    return rows
 
 
 # --- label values that try to break out of PromQL ------------------------------------------------------------------
