@@ -227,6 +227,9 @@ class Evaluator:
         self._sources: dict[SourceKey, SignalSource] = {}
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="leadscale-fetch")
+        self._warm_ups = ThreadPoolExecutor(max_workers=1, thread_name_prefix="leadscale-warmup")
+        """Warm-ups run one at a time, beside the rounds: a restart's (a minute or two of CPU for a thousand
+        objects) must never take the workers the rounds fetch with, or the answers would go stale meanwhile."""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._pending: list[_Entry] = []
@@ -301,7 +304,7 @@ class Evaluator:
                 entry.evaluated.set()
         if self.warm_up_s > 0:
             for key, members in groups.items():
-                self._pool.submit(self._warm_up, key, members)
+                self._warm_ups.submit(self._warm_up, key, members)
 
     def _warm_up(self, key: SourceKey, members: list[_Entry]) -> None:
         """Replay the new objects' history (``scaler.warmup``) and leave each result for its next round."""
@@ -309,6 +312,8 @@ class Evaluator:
         if not callable(history):  # scraping pods directly: nothing was kept
             return
         for first in range(0, len(members), warmup.TARGETS_PER_READ):
+            if self._stop.is_set():
+                return
             chunk = members[first:first + warmup.TARGETS_PER_READ]
             start, end = warmup.window(self.clock(), self.warm_up_s)
             targets = [e.target for e in chunk] + [e.route_target for e in chunk if e.route_target is not None]
@@ -366,6 +371,7 @@ class Evaluator:
         if self._thread is not None:
             self._thread.join(timeout=5)
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._warm_ups.shutdown(wait=False, cancel_futures=True)
 
     def _loop(self) -> None:
         next_at = time.monotonic()

@@ -17,6 +17,7 @@ import math
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -257,3 +258,46 @@ def test_the_warm_up_setting_reaches_the_decision_process(argv: list[str], env: 
     serve_cli.register(parser.add_subparsers())
     args = serve_cli.resolve(parser.parse_args(["serve", "--prometheus-url", "http://127.0.0.1:9", *argv]))
     assert DecisionSettings.from_args(args).warm_up_s == want
+
+
+class SlowHistory:
+    """A source with history whose range reads hang until released (a Prometheus struggling with them)."""
+
+    def __init__(self, release: threading.Event) -> None:
+        self.release, self.reads = release, 0
+
+    def fetch(self, targets: Any, now: float) -> Any:
+        return {t: Signals(at=now, prompt_tokens_per_s=4000.0, generation_tokens_per_s=300.0, requests_waiting=0.0,
+                           requests_running=6.0, ready_replicas=2, data_age_s=1.0) for t in targets}
+
+    def history(self, targets: Any, start: float, end: float, step_s: float) -> Any:
+        self.reads += 1
+        self.release.wait(30)
+        return []
+
+
+def test_warm_ups_never_hold_up_the_rounds() -> None:
+    """Twelve objects on twelve Prometheus servers, every history read hanging: the rounds still decide every
+    object at once (warm-ups run one at a time, on their own thread, never on the rounds' eight workers)."""
+    release = threading.Event()
+    sources: dict[Any, SlowHistory] = {}
+    clock = Clock(1_000.0)
+    evaluator = Evaluator(prometheus_url="http://127.0.0.1:9", clock=clock,
+                          source_factory=lambda key: sources.setdefault(key, SlowHistory(release)))
+    try:
+        for k in range(12):
+            evaluator.lookup("llm", f"chat-{k}", {**META, "prometheusAddress": f"http://127.0.0.1:{9000 + k}"})
+        eventually(lambda: _reading(sources), timeout_s=10)
+        clock.t += 5.0
+        began = time.monotonic()
+        evaluator.run_once()
+        assert time.monotonic() - began < 5.0
+        assert all(e.held.data_at == clock.t - 1.0 for e in evaluator._entries.values())
+        assert sum(s.reads for s in sources.values()) == 1  # the others wait their turn
+    finally:
+        release.set()
+        evaluator.stop()
+
+
+def _reading(sources: dict[Any, SlowHistory]) -> None:
+    assert sum(s.reads for s in sources.values()) >= 1
