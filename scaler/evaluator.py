@@ -308,6 +308,12 @@ class Evaluator:
 
     def _warm_up(self, key: SourceKey, members: list[_Entry]) -> None:
         """Replay the new objects' history (``scaler.warmup``) and leave each result for its next round."""
+        try:
+            self._replay_history(key, members)
+        except Exception:  # on an executor nobody reads the result of: say it here, and the objects stay new
+            LOG.exception("warm-up from %s failed; %d objects start from nothing", _describe(key), len(members))
+
+    def _replay_history(self, key: SourceKey, members: list[_Entry]) -> None:
         history = getattr(self._source(key), "history", None)
         if not callable(history):  # scraping pods directly: nothing was kept
             return
@@ -343,7 +349,11 @@ class Evaluator:
         seen = next((a[entry.target] for _, a in reversed(answers) if isinstance(a.get(entry.target), Signals)), None)
         if self.kube is None or not isinstance(seen, Signals):
             return how
-        merged = evaluator_kube.merge(self.kube, entry.namespace, entry.name, seen, entry.config.lead_time_auto)
+        try:
+            merged = evaluator_kube.merge(self.kube, entry.namespace, entry.name, seen, entry.config.lead_time_auto)
+        except Exception as exc:  # replayed as without --kubernetes: the configured lead time, no bounds
+            self._kube_failed(entry, "observe", exc)
+            return how
         return dataclasses.replace(how, bounds=(merged.min_replicas, merged.max_replicas), current=merged.signals)
 
     def _source_key(self, config: ScalerConfig, namespace: str = "", name: str = "") -> SourceKey:

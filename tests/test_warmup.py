@@ -19,6 +19,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -301,3 +302,36 @@ def test_warm_ups_never_hold_up_the_rounds() -> None:
 
 def _reading(sources: dict[Any, SlowHistory]) -> None:
     assert sum(s.reads for s in sources.values()) >= 1
+
+
+class Kube:
+    """The Kubernetes observer's view now: measured cold starts, the ScaledObject's bounds (or a failing API)."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.fail = fail
+
+    def observe(self, namespace: str, name: str) -> Any:
+        if self.fail:
+            raise ConnectionError("api server down")
+        return types.SimpleNamespace(ready_replicas=2, starting_replicas=0, lead_time_s=240.0,
+                                     cold_starts_s=(200.0, 240.0, 260.0), min_replicas=1, max_replicas=4)
+
+
+@pytest.mark.parametrize("fail", [False, True], ids=["kube", "kube-down"])
+def test_the_replay_takes_what_prometheus_cannot_say_from_kubernetes_now(history: tuple[str, int],
+                                                                          fail: bool) -> None:
+    """With ``--kubernetes`` the hour is replayed with the lead time measured now and the ScaledObject's bounds
+    (the hour asked for 5; the bound is 4); with the API down, as without it (the configured 180 s, no bound)."""
+    url, start = history
+    clock = Clock(start + END_S)
+    evaluator = Evaluator(prometheus_url=url, clock=clock, kube=Kube(fail),
+                          source_factory=lambda key: FollowingSource(str(key[1]), clock))
+    try:
+        evaluator.lookup(*OBJ, {**META, "leadTime": "auto"})
+        entry = entry_of(evaluator)
+        eventually(lambda: _ready(entry), timeout_s=120)
+        decision = entry.warm.held.decision
+        assert entry.warm.used >= 235
+        assert (decision.terms["lead_time_s"], decision.desired_replicas) == ((180.0, 5) if fail else (240.0, 4))
+    finally:
+        evaluator.stop()
