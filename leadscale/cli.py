@@ -16,6 +16,7 @@ import sys
 # module paths whose ``register(subparsers)`` adds one or more subcommands, in help order
 SUBCOMMAND_MODULES: tuple[str, ...] = (
     "scaler.serve_cli",
+    "scaler.shadow_cli",
     "scaler.kube.cli",
     "simulator.replay_cli",
     "simulator.cli",

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from scaler import evaluation, policy
@@ -85,8 +85,18 @@ def replay(how: Replay, snapshots: Sequence[Snapshot], held: evaluation.Held | N
 
     A snapshot a live round would have skipped (an error, stale data, engine limits missing) is skipped
     here too, and the state carries on, as it would have."""
-    state = held if held is not None else evaluation.Held()
+    final = held if held is not None else evaluation.Held()
     used, last_at = 0, -math.inf
+    for at, after in decisions(how, snapshots, final):
+        used, last_at, final = used + 1, at, after
+    return Replayed(final, used, len(snapshots), last_at)
+
+
+def decisions(how: Replay, snapshots: Sequence[Snapshot],
+              held: evaluation.Held | None = None) -> Iterator[tuple[float, evaluation.Held]]:
+    """Every decision the replay makes, as ``(instant, state after it)``: what a scaler would have answered at
+    each instant it could decide (``leadscale shadow`` writes them out; ``replay`` keeps the last)."""
+    state = held if held is not None else evaluation.Held()
     for at, own, route in snapshots:
         try:
             signals, whole = evaluation.inputs(own, route, how.staleness_limit_s, how.route_label)
@@ -94,8 +104,7 @@ def replay(how: Replay, snapshots: Sequence[Snapshot], held: evaluation.Held | N
                                     whole)
         except evaluation.Skipped:
             continue
-        used, last_at = used + 1, at
-    return Replayed(state, used, len(snapshots), last_at)
+        yield at, state
 
 
 def _as_now(signals: Signals, current: Signals | None) -> Signals:

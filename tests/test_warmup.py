@@ -80,15 +80,15 @@ END_S = SPAN_S - 0.5  # the restart, half a second off the scrape grid (as a liv
 # reads agree to the bit and the states compare with ==
 
 
-def never_stopped(url: str, start: int, until: float) -> evaluation.Held:
+def never_stopped(url: str, start: int, until: float | None) -> evaluation.Held:
     """The reference: a scaler that ran through the hour, deciding on an instant fetch every 15 s, then
-    once more at ``until``."""
+    once more at ``until`` (None: not)."""
     config = parse_metadata(META)
     target = config.target(OBJ[0])
     first, last = warmup.window(start + END_S, warmup.DEFAULT_SPAN_S)
     instants = [first + k * warmup.SPACING_S for k in range(round((last - first) / warmup.SPACING_S) + 1)]
     held = evaluation.Held()
-    for at in [*instants, until]:
+    for at in [*instants, *([until] if until is not None else [])]:
         answer = PrometheusSource(url, timeout_s=10, evaluation_time=at).fetch([target], now=at)[target]
         try:
             held = evaluation.step(config, held, evaluation.usable(answer, 60.0), at, (None, None),
@@ -341,3 +341,44 @@ def test_the_replay_takes_what_prometheus_cannot_say_from_kubernetes_now(history
     assert (alone.terms["lead_time_s"], alone.desired_replicas) == (180.0, 4)
     assert (seen.terms["lead_time_s"], seen.desired_replicas) == (240.0, 3)
     assert down == alone
+
+
+def test_shadow_writes_what_the_scaler_would_have_asked_over_the_hour(history: tuple[str, int], tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """``leadscale shadow`` replays the live decision over the same hour and writes each one beside the fleet
+    that served: its last row is the warm-up's last decision, every term included."""
+    import csv
+
+    from leadscale.cli import main
+
+    url, start = history
+    out = tmp_path / "shadow.csv"
+    argv = ["shadow", "--prometheus-url", url, "--namespace", OBJ[0], "--until", repr(start + END_S), "--out", str(out),
+            *(x for k, v in META.items() for x in ("--metadata", f"{k}={v}"))]
+    assert main(argv) == 0
+    rows = list(csv.DictReader(out.open()))
+    reference = never_stopped(url, start, None)  # the same instants: the hour's, ending at --until
+    assert reference.decision is not None
+    assert len(rows) >= 235 and int(rows[-1]["desired_replicas"]) == reference.decision.desired_replicas == 4
+    assert float(rows[-1]["efficiency"]) == reference.decision.terms["efficiency"] < 0.7
+    assert {int(r["ready_replicas"].split(".")[0]) for r in rows} == {REPLICAS}
+    printed = capsys.readouterr().out
+    assert "replicas that served: mean 2.00" in printed and "leadscale would have asked" in printed
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--metadata", "model=m", "--metadata", "prefillTokensPerSecond=-5"], "prefillTokensPerSecond"),
+    (["--metadata", "noequals"], "KEY=VALUE"),
+    (["--metadata", "model=m", "--since", "0"], "--since"),
+    ([*(x for k, v in META.items() for x in ("--metadata", f"{k}={v}")), "--since", "86400", "--step", "1"],
+     "at most 11000"),
+])
+def test_shadow_refuses_bad_input_naming_it(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from leadscale.cli import main
+
+    try:
+        code = main(["shadow", "--prometheus-url", "http://127.0.0.1:9", *argv])
+    except SystemExit as exc:  # argparse's own refusals
+        code = int(exc.code or 0)
+    assert code == 2
+    assert message in capsys.readouterr().err
