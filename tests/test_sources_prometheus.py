@@ -295,3 +295,69 @@ def test_http_clients_are_bounded_as_trigger_addresses_come_and_go() -> None:
         source._client(f"http://127.0.0.1:{10000 + port}")
     assert len(source._clients) == MAX_CLIENTS
     assert f"http://127.0.0.1:{10000 + MAX_CLIENTS + 19}" in source._clients  # the newest stay
+
+
+# --- history: range reads split into instants ---------------------------------------------------------------------
+class ScriptedRanges(PrometheusSource):
+    """Answers every range query from a hypothesis-drawn script instead of HTTP."""
+
+    def __init__(self, answers: list[Any]) -> None:
+        super().__init__("http://127.0.0.1:9")
+        self.answers = answers
+
+    def query_range(self, address: str, promql: str, start: float, end: float, step_s: float) -> list[Any]:
+        return self.answers.pop(0) if self.answers else []
+
+
+GRID = [1000.5 + 15.0 * k for k in range(6)]
+POINT = st.one_of(st.sampled_from(GRID), st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=3))
+SERIES = st.one_of(
+    st.fixed_dictionaries({"metric": st.dictionaries(st.sampled_from(["model_name", "namespace", "le", "instance"]),
+                                                     st.sampled_from(["m", "llm", "0.5", "+Inf", "p"]), max_size=4),
+                           "values": st.lists(st.one_of(st.tuples(POINT, st.sampled_from(["1", "2.5", "NaN", "x"])),
+                                                        st.just([1.0]), st.none()), max_size=8)}),
+    st.none(), st.integers(), st.text(max_size=4), st.fixed_dictionaries({"metric": st.just({}), "values": st.none()}))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(SERIES, max_size=4), min_size=20, max_size=22))
+def test_garbage_range_answers_give_signals_or_source_errors_at_every_instant(answers: list[list[Any]]) -> None:
+    """Whatever comes back from the range queries (series off the grid, malformed points, junk), ``history``
+    answers every target at every instant with a Signals or a SourceError, never an exception."""
+    targets = [_ns("m", "llm", activation_query="q"), Target("m", rate_window_s=WINDOW_S)]
+    result = ScriptedRanges(answers).history(targets, GRID[0], GRID[-1], 15.0)
+    assert [at for at, _ in result] == GRID
+    for _, answers_at in result:
+        assert set(answers_at) == set(targets)
+        assert all(isinstance(v, (Signals, SourceError)) for v in answers_at.values())
+
+
+@settings(deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(range(len(GRID))), st.floats(-1e6, 1e6)), max_size=20),
+       st.lists(st.floats(0.0, 0.4999).filter(lambda d: d > 0.001), max_size=5))
+def test_each_range_point_lands_at_its_own_instant_and_off_grid_points_nowhere(
+        on_grid: list[tuple[int, float]], offsets: list[float]) -> None:
+    from scaler.sources.prometheus import _split_range
+
+    points = [[GRID[k], str(v)] for k, v in on_grid] + [[GRID[0] + d, "1"] for d in offsets]
+    split = _split_range([{"metric": {"model_name": "m"}, "values": points}], GRID)
+    assert sum(len(rows) for rows in split.values()) == len(on_grid)
+    for k, rows in split.items():
+        assert all(row["value"][0] == GRID[k] and row["metric"] == {"model_name": "m"} for row in rows)
+
+
+def test_an_unreachable_prometheus_is_a_source_error_at_every_instant_naming_the_range_query() -> None:
+    targets = [Target("m", rate_window_s=WINDOW_S)]
+    result = PrometheusSource("http://user:secret@127.0.0.1:9", timeout_s=1).history(targets, 0.0, 45.0, 15.0)
+    assert len(result) == 4
+    for _, answers_at in result:
+        error = answers_at[targets[0]]
+        assert isinstance(error, SourceError)
+        assert "failed range query" in str(error) and "127.0.0.1:9" in str(error) and "secret" not in str(error)
+
+
+@pytest.mark.parametrize(("start", "end", "step"), [(0.0, -1.0, 15.0), (0.0, 10.0, 0.0), (math.nan, 10.0, 15.0),
+                                                    (0.0, 1e9, 1.0)])
+def test_a_bad_history_window_is_refused_naming_it(start: float, end: float, step: float) -> None:
+    with pytest.raises(ValueError, match=r"PrometheusSource\.history"):
+        PrometheusSource("http://127.0.0.1:9").history([Target("m")], start, end, step)

@@ -493,7 +493,7 @@ def _split_range(matrix: list[Any], instants: Sequence[float]) -> dict[int, list
             continue
         for point in values:
             at = _float(point[0]) if isinstance(point, (list, tuple)) and len(point) == 2 else math.nan
-            k = index.get(round(at * 1000), -1) if math.isfinite(at) else -1
+            k = index.get(round(at * 1000), -1) if math.isfinite(at * 1000) else -1  # 1e308 s: no instant
             if k >= 0:
                 out[k].append({"metric": series.get("metric"), "value": point})
     return out
