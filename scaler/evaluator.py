@@ -171,6 +171,11 @@ class _Entry:
     """Snapshots of history the state it decides from was replayed over (0: none, it started from nothing)."""
 
 
+def _route_label(entry: _Entry) -> str:
+    """How messages name the route a route member's decision needs ("" for any other object)."""
+    return str(dict(entry.route_target.label_matchers)) if entry.route_target is not None else ""
+
+
 @dataclass(frozen=True)
 class Answer:
     """What an RPC needs: the cached decision and the config it was made under."""
@@ -344,8 +349,8 @@ class Evaluator:
     def _replay_settings(self, entry: _Entry, answers: list[tuple[float, dict[Target, Signals | SourceError]]],
                          ) -> warmup.Replay:
         """How ``entry``'s history is replayed: with the cold starts, lead time and bounds known now."""
-        label = str(dict(entry.route_target.label_matchers)) if entry.route_target is not None else ""
-        how = warmup.Replay(entry.config, _describe(entry.source_key), self.staleness_limit_s, route_label=label)
+        how = warmup.Replay(entry.config, _describe(entry.source_key), self.staleness_limit_s,
+                            route_label=_route_label(entry))
         seen = next((a[entry.target] for _, a in reversed(answers) if isinstance(a.get(entry.target), Signals)), None)
         if self.kube is None or not isinstance(seen, Signals):
             return how
@@ -455,9 +460,8 @@ class Evaluator:
                now: float) -> None:
         """``route``: the route's answer for a route member, None for any other object."""
         """One ``scaler.evaluation`` step for ``entry``, with the Kubernetes view merged in when there is one."""
-        label = str(dict(entry.route_target.label_matchers)) if entry.route_target is not None else ""
         try:
-            result, whole = evaluation.inputs(result, route, self.staleness_limit_s, label)
+            result, whole = evaluation.inputs(result, route, self.staleness_limit_s, _route_label(entry))
         except evaluation.Skipped as exc:
             self._fail(entry, str(exc), exc.reason)
             return

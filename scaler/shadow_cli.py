@@ -23,6 +23,7 @@ from scaler import evaluation, warmup
 from scaler.cli_types import number
 from scaler.limits import Limit
 from scaler.metadata import MetadataError, parse_metadata
+from scaler.sources.base import SourceError
 from scaler.sources.prometheus import MAX_HISTORY_POINTS
 
 
@@ -72,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
     how = warmup.Replay(config, f"Prometheus {args.prometheus_url}", evaluation.DEFAULT_STALENESS_LIMIT_S)
     made = list(warmup.decisions(how, warmup.snapshots_of(history, target, None)))
     if not made:
-        reasons = {str(answers[target]) for _, answers in history if not hasattr(answers[target], "ready_replicas")}
+        reasons = {str(answers[target]) for _, answers in history if isinstance(answers[target], SourceError)}
         print(f"leadscale shadow: no decision in {len(history)} instants; the source said: "
               + "; ".join(sorted(reasons)[:3]), file=sys.stderr)
         return 1

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from scaler import evaluation, policy
@@ -40,8 +40,6 @@ at once would be a response of a hundred megabytes."""
 
 Snapshot = tuple[float, Signals | SourceError | None, Signals | SourceError | None]
 """(instant, the object's own answer, the route's answer or None when it is no route member)."""
-History = Callable[[Sequence[Target], float, float, float], list[tuple[float, dict[Target, Signals | SourceError]]]]
-"""``PrometheusSource.history``'s shape: (targets, start, end, step) -> [(instant, {target: answer})]."""
 
 
 @dataclass(frozen=True)
@@ -54,8 +52,8 @@ class Replay:
     bounds: tuple[int | None, int | None] = (None, None)
     """The ScaledObject's min/max replicas as the Kubernetes observer sees them now (None: not known)."""
     current: Signals | None = None
-    """The live snapshot the object was first decided on: its measured cold starts and lead time are used
-    throughout (they are the Kubernetes observer's, which keeps no history)."""
+    """A snapshot merged with the Kubernetes observer's view now: its measured cold starts and lead time are
+    used throughout (the observer keeps no history)."""
     route_label: str = ""
 
 

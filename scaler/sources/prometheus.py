@@ -258,16 +258,28 @@ class PrometheusSource:
 
         Messages name the address without its user:password and show no credential.
         """
+        params = None if self.evaluation_time is None else {"time": repr(float(self.evaluation_time))}
+        return self._ask(address, "query", promql, lambda client: client.custom_query(promql, params=params))
+
+    def query_range(self, address: str, promql: str, start: float, end: float, step_s: float) -> list[Any]:
+        """Run one range query (``start`` and ``end`` sent exactly, not rounded to seconds as the client does);
+        any failure is a SourceError, as for ``query``."""
+        return self._ask(address, "range query", promql, lambda client: client.custom_query_range(
+            promql, start_time=datetime.fromtimestamp(start, tz=UTC), end_time=datetime.fromtimestamp(end, tz=UTC),
+            step=f"{step_s:g}s", params={"start": repr(float(start)), "end": repr(float(end))},
+            timeout=max(self.timeout_s, HISTORY_TIMEOUT_S)))
+
+    def _ask(self, address: str, what: str, promql: str, call: Callable[[Any], Any]) -> list[Any]:
+        """``call(client)``'s answer, which must be a list; anything else, or any failure, a redacted SourceError."""
         try:
-            params = None if self.evaluation_time is None else {"time": repr(float(self.evaluation_time))}
-            result = self._client(address).custom_query(promql, params=params)
+            result = call(self._client(address))
         except Exception as exc:  # requests, urllib3 and the client each raise their own types
             detail = self._redact(address, str(exc))[:300]
-            raise SourceError(f"Prometheus {shown(address)} failed query {promql!r}: {type(exc).__name__}: "
+            raise SourceError(f"Prometheus {shown(address)} failed {what} {promql!r}: {type(exc).__name__}: "
                               f"{detail}") from exc
         if not isinstance(result, list):
-            raise SourceError(f"Prometheus {shown(address)} answered {promql!r} with {type(result).__name__}, "
-                              "not a list")
+            raise SourceError(f"Prometheus {shown(address)} answered {'' if what == 'query' else what + ' '}"
+                              f"{promql!r} with {type(result).__name__}, not a list")
         return result
 
     def fetch(self, targets: Sequence[Target], now: float) -> dict[Target, Signals | SourceError]:
@@ -323,24 +335,6 @@ class PrometheusSource:
                 answers.update(self._group_signals(address, window_s, names, members, rows, at,
                                                    functools.partial(self._activation_at, address=address, rows=rows)))
         return list(zip(instants, out, strict=True))
-
-    def query_range(self, address: str, promql: str, start: float, end: float, step_s: float) -> list[Any]:
-        """Run one range query (``start`` and ``end`` sent exactly, not rounded to seconds as the client does);
-        any failure is a SourceError, with the same redaction as ``query``."""
-        try:
-            result = self._client(address).custom_query_range(
-                promql, start_time=datetime.fromtimestamp(start, tz=UTC),
-                end_time=datetime.fromtimestamp(end, tz=UTC), step=f"{step_s:g}s",
-                params={"start": repr(float(start)), "end": repr(float(end))},
-                timeout=max(self.timeout_s, HISTORY_TIMEOUT_S))
-        except Exception as exc:
-            detail = self._redact(address, str(exc))[:300]
-            raise SourceError(f"Prometheus {shown(address)} failed range query {promql!r}: {type(exc).__name__}: "
-                              f"{detail}") from exc
-        if not isinstance(result, list):
-            raise SourceError(f"Prometheus {shown(address)} answered range query {promql!r} with "
-                              f"{type(result).__name__}, not a list")
-        return result
 
     def _groups(self, targets: Sequence[Target]) -> dict[GroupKey, list[Target]]:
         groups: dict[GroupKey, list[Target]] = defaultdict(list)
