@@ -68,6 +68,9 @@ class CapacityMemory:
     efficiency: float = 1.0
     updated_at: float | None = None
     """When the last rate window was judged."""
+    slack_seen: bool = False
+    """A judged window has shown the fleet with slack (calm or idle). Before one, the capacity model is
+    unverified: the policy does not let it shrink, for up to one lead time, a fleet that may be busy."""
 
 
 @dataclass(frozen=True)
@@ -106,7 +109,7 @@ def assess(memory: CapacityMemory, signals: Signals, served: float, late_share: 
     seen = Assessment(efficiency, kv_replicas, late_share, rho, "none")
     due = memory.updated_at is None or now - memory.updated_at >= rate_window_s
     if not due:
-        return seen, CapacityMemory(ready_samples, efficiency, memory.updated_at)
+        return seen, CapacityMemory(ready_samples, efficiency, memory.updated_at, memory.slack_seen)
     steady = now - ready_samples[0][0] >= rate_window_s and all(v == ready for _, v in ready_samples)
     learned, verdict = efficiency, "unsteady"
     if steady and (served < MIN_SERVED or ready <= 0):
@@ -124,4 +127,4 @@ def assess(memory: CapacityMemory, signals: Signals, served: float, late_share: 
     learned = min(max(learned, MIN_EFFICIENCY), MAX_EFFICIENCY)
     updated_at = now if steady or memory.updated_at is None else memory.updated_at
     seen = Assessment(efficiency, kv_replicas, late_share, rho, verdict)
-    return seen, CapacityMemory(ready_samples, learned, updated_at)
+    return seen, CapacityMemory(ready_samples, learned, updated_at, memory.slack_seen or verdict in ("calm", "idle"))

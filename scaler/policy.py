@@ -284,6 +284,19 @@ def _band(last: BandMemo | None, history: window.Samples, slopes: window.Samples
                                            time_constants=time_constants)
 
 
+def _fresh_hold_s(memory: efficiency.CapacityMemory, lead_s: float, config: PolicyConfig, active: bool) -> float:
+    """How long a fresh state never goes below the fleet it finds: its first scale-down delay (it has no
+    window yet), and while it serves and no judged window has shown slack, one lead time. Why: before such
+    a window the capacity model is unverified (``efficiency`` starts at 1), and a fleet the model calls too
+    big may be the one that is just coping; holding it steady is also what lets the efficiency judge its
+    first windows, which a fleet that changes does not allow. One lead time bounds the cost: pods ordered
+    at the start have landed by then, and a fleet that is never calm is not held for ever. An idle model
+    has nothing to cope with: it may scale down (to zero) after the delay alone."""
+    if memory.slack_seen or not active:
+        return config.scale_down_delay_s
+    return max(config.scale_down_delay_s, lead_s)
+
+
 def decide(signals: Signals, state: PolicyState, config: PolicyConfig, now: float) -> Decision:
     """Desired replicas for one model at time ``now`` (seconds, the caller's clock)."""
     if not (isinstance(now, (int, float)) and math.isfinite(now)):
@@ -390,8 +403,10 @@ def decide(signals: Signals, state: PolicyState, config: PolicyConfig, now: floa
     current = signals.ready_replicas + signals.starting_replicas
     recommendations = window.push_max(state.recommendations, now, float(recommended), config.scale_down_delay_s)
     stabilized = window.maximum(recommendations, now - config.scale_down_delay_s) or 0.0
-    if now - first_seen < config.scale_down_delay_s:
-        stabilized = max(stabilized, float(current))  # a fresh scaler has no window yet: hold the fleet
+    fresh_hold_s = _fresh_hold_s(capacity_memory, lead_s, config, active)
+    fresh = now - first_seen < fresh_hold_s
+    if fresh:
+        stabilized = max(stabilized, float(current))  # a fresh state holds the fleet it finds
     desired = min(max(int(stabilized), recommended, config.min_replicas), config.max_replicas)
 
     terms = {
@@ -435,6 +450,7 @@ def decide(signals: Signals, state: PolicyState, config: PolicyConfig, now: floa
         "needed_for_kv": kv_demand,
         "recommended_replicas": float(recommended),
         "stabilized_replicas": stabilized,
+        "fresh_hold_s": fresh_hold_s if fresh else 0.0,
         "desired_replicas": float(desired),
         "active": 1.0 if active else 0.0,
     }
@@ -451,7 +467,7 @@ def decide(signals: Signals, state: PolicyState, config: PolicyConfig, now: floa
     )
     outlook = _outlook(peak, for_backlog, projected, kv_demand, kv_peak, seen.kv_replicas, lead_s, headroom,
                        kv_headroom, config)
-    reason = _reason(desired, recommended, current, outlook, config)
+    reason = _reason(desired, recommended, current, outlook, config, fresh_hold_s if fresh else 0.0)
     return Decision(desired, active, MappingProxyType(terms), reason, new_state)
 
 
@@ -470,8 +486,14 @@ def _outlook(peak: float, for_backlog: float, projected: float, kv_demand: float
             f"q{config.headroom_quantile:g} rise of {headroom.horizons} past lead times)")
 
 
-def _reason(desired: int, recommended: int, current: int, outlook: str, config: PolicyConfig) -> str:
+def _reason(desired: int, recommended: int, current: int, outlook: str, config: PolicyConfig,
+            fresh_hold_s: float = 0.0) -> str:
     """One sentence a person can check against the terms."""
+    if recommended < desired and fresh_hold_s > 0 and desired <= current:
+        why = (f"its first {fresh_hold_s:g} s" if fresh_hold_s <= config.scale_down_delay_s
+               else f"up to {fresh_hold_s:g} s (one lead time), until a judged window shows it has slack")
+        return (f"keep {desired} (now {current}): {outlook}; that needs {recommended}, but a fresh scaler keeps the "
+                f"fleet it found for {why}")
     if recommended < desired:
         return (f"keep {desired} (now {current}): {outlook}; that needs {recommended}, but scale-down waits out "
                 f"the {config.scale_down_delay_s:g} s stabilization window")

@@ -45,6 +45,22 @@ def test_fresh_memory_is_neutral() -> None:
     assert seen.efficiency == 1.0 and seen.verdict == "unsteady"  # one snapshot is not a steady window
 
 
+@pytest.mark.parametrize(("served", "late", "slack"), [
+    (2.0, 0.0, True),     # calm: the fleet carried its load with time to spare
+    (0.1, None, True),    # idle: nothing to serve is slack too
+    (2.0, 0.03, False),   # at the edge of the budget
+    (2.0, 0.2, False),    # late at a light load: teaches the efficiency nothing, and shows no slack either
+    (3.2, 0.2, False),    # late at a real load
+])
+def test_only_a_calm_or_idle_window_shows_slack_and_it_is_remembered(served: float, late: float | None,
+                                                                    slack: bool) -> None:
+    memory = feed(WINDOW * 2, served=served, late=late)
+    assert memory.slack_seen is slack
+    # once seen it stays: a later late window is the efficiency's business, not a fresh fleet's
+    assert feed(WINDOW * 2, served=3.2, late=0.2, memory=memory, start=WINDOW * 3).slack_seen is slack
+    assert not feed(WINDOW / 2, served=served, late=late).slack_seen  # no judged window yet
+
+
 def test_late_at_a_real_load_steps_down_once_per_window() -> None:
     # 4 replicas serve 3.2 units (0.8 each, above LOADED) and 20 % of first tokens are late
     memory = feed(300, served=3.2, late=0.2)

@@ -135,7 +135,38 @@ def test_terms_are_finite_and_reason_is_one_line() -> None:
 
 def test_fresh_state_never_drops_below_current_fleet() -> None:
     d = decide(signals(ready_replicas=6), PolicyState(), config(), 0.0)
-    assert d.desired_replicas == 6 and "stabilization" in d.reason
+    assert d.desired_replicas == 6 and "fresh scaler keeps the fleet it found" in d.reason
+    assert d.terms["fresh_hold_s"] == 300.0  # the first scale-down delay (longer than the 180 s lead time here)
+
+
+LATE_BUCKETS = ((0.5, 0.0), (1.0, 5.0), (2.5, 8.0), (5.0, 10.0), (math.inf, 10.0))
+"""27 % of first tokens after 2 s (the tail taken as exponential inside the (1, 2.5] bucket)."""
+CALM_BUCKETS = ((0.5, 5.0), (1.0, 10.0), (2.5, 10.0), (5.0, 10.0), (math.inf, 10.0))
+"""None after 2 s."""
+
+
+@pytest.mark.parametrize(("buckets", "released_by"), [
+    pytest.param(CALM_BUCKETS, 60.0, id="calm: after the first delay"),
+    pytest.param(LATE_BUCKETS, 180.0, id="late: after one lead time"),
+])
+def test_a_fresh_fleet_is_held_until_a_window_shows_slack_and_at_most_one_lead_time(
+        buckets: tuple[tuple[float, float], ...], released_by: float) -> None:
+    """Six ready replicas carry 3 units (0.5 each, below LOADED, so a late tail does not move the efficiency):
+    the model asks for 4. If the first judged window is calm, the fleet may shrink once the 60 s delay has
+    passed; if it is late, the model is unverified and the fleet is held for one lead time (180 s)."""
+    cfg, state, desired = config(scale_down_delay_s=60.0), PolicyState(), {}
+    for t in range(0, 300, 5):
+        d = decide(signals(at=float(t), prompt_tokens_per_s=30_000.0, requests_running=6.0, ready_replicas=6,
+                           ttft_buckets=buckets), state, cfg, float(t))
+        state, desired[t] = d.state, d.desired_replicas
+        assert d.terms["efficiency"] == 1.0
+        if t == 100:
+            says_why = "up to 180 s (one lead time), until a judged window shows it has slack" in d.reason
+            assert says_why is (released_by > 100) and d.terms["fresh_hold_s"] == (180.0 if says_why else 0.0)
+    assert d.terms["recommended_replicas"] == 4.0
+    held = [t for t, n in desired.items() if n == 6]
+    assert max(held) == released_by - 5  # the recommendations were 4 all along: nothing else holds the fleet
+    assert desired[295] == 4
 
 
 # ---------------------------------------------------------------- fake-clock scenarios
