@@ -73,6 +73,7 @@ class PolicyConfig:
     Defaults and why: ``headroom_quantile`` 0.8: at a moment within the next lead time demand (and
     the KV cache in use) is within its band 80 % of the time (the lowest level at which every causally
     feasible row of the policy suite but mooncake x 2 met the SLO at every seed, docs/autoscaling.md;
+    mooncake x 2 meets it too since a fresh state holds its fleet until a window shows slack;
     the late moments are what the queue and the 5 % TTFT budget absorb); ``headroom_history_s`` one
     hour: long enough for a hundred lead-time horizons, short enough to follow the hour's traffic;
     ``prior_rise`` 0.25 (the 0.8 target utilization it replaces) until ``prior_horizons`` horizons of evidence exist;
