@@ -1,5 +1,6 @@
 """Hypothesis properties of the policy: monotone in demand, damped by starting replicas, bounded,
-finite, patient on the way down, deterministic; and the config validator never crashes."""
+finite, patient on the way down, holding a fresh fleet no longer than a lead time, deterministic; and the
+config validator never crashes."""
 
 from __future__ import annotations
 
@@ -120,6 +121,23 @@ def test_scale_down_waits_for_its_delay(config, steps) -> None:
         seen.append((now, d.terms["recommended_replicas"]))
         within = [rec for t, rec in seen if now - t < config.scale_down_delay_s or t == now]
         assert d.desired_replicas >= max(within)
+
+
+@settings(max_examples=100, deadline=None)
+@given(configs(), st.lists(st.tuples(st.floats(1.0, 120.0), signal_values()), min_size=2, max_size=25))
+def test_a_fresh_serving_fleet_is_held_until_it_shows_slack_never_past_a_lead_time(config, steps) -> None:
+    state, first, now = PolicyState(), None, 0.0
+    for dt, values in steps:
+        now += dt
+        d = run(config, state, now, values)
+        state, first = d.state, now if first is None else first
+        hold = max(config.scale_down_delay_s, d.terms["lead_time_s"])
+        current = int(d.terms["ready_replicas"] + d.terms["starting_replicas"])
+        if d.active and not state.capacity.slack_seen and now - first < hold:
+            assert d.desired_replicas >= min(current, config.max_replicas)
+            assert d.terms["fresh_hold_s"] == hold
+        if now - first >= hold:
+            assert d.terms["fresh_hold_s"] == 0.0
 
 
 @settings(max_examples=100, deadline=None)
