@@ -405,8 +405,9 @@ def decide(signals: Signals, state: PolicyState, config: PolicyConfig, now: floa
     recommendations = window.push_max(state.recommendations, now, float(recommended), config.scale_down_delay_s)
     stabilized = window.maximum(recommendations, now - config.scale_down_delay_s) or 0.0
     fresh_hold_s = _fresh_hold_s(capacity_memory, lead_s, config, active)
-    fresh = now - first_seen < fresh_hold_s
-    if fresh:
+    if now - first_seen >= fresh_hold_s:
+        fresh_hold_s = 0.0  # past it: the term and the reason say no hold
+    else:
         stabilized = max(stabilized, float(current))  # a fresh state holds the fleet it finds
     desired = min(max(int(stabilized), recommended, config.min_replicas), config.max_replicas)
 
@@ -451,7 +452,7 @@ def decide(signals: Signals, state: PolicyState, config: PolicyConfig, now: floa
         "needed_for_kv": kv_demand,
         "recommended_replicas": float(recommended),
         "stabilized_replicas": stabilized,
-        "fresh_hold_s": fresh_hold_s if fresh else 0.0,
+        "fresh_hold_s": fresh_hold_s,
         "desired_replicas": float(desired),
         "active": 1.0 if active else 0.0,
     }
@@ -468,7 +469,7 @@ def decide(signals: Signals, state: PolicyState, config: PolicyConfig, now: floa
     )
     outlook = _outlook(peak, for_backlog, projected, kv_demand, kv_peak, seen.kv_replicas, lead_s, headroom,
                        kv_headroom, config)
-    reason = _reason(desired, recommended, current, outlook, config, fresh_hold_s if fresh else 0.0)
+    reason = _reason(desired, recommended, current, outlook, config, fresh_hold_s)
     return Decision(desired, active, MappingProxyType(terms), reason, new_state)
 
 
