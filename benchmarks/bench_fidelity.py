@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -157,6 +158,17 @@ def at_speed(profile: Any, speed: float) -> Any:
     return replace(profile, step_time=replace(st, **{k: v * speed for k, v in st.to_dict().items()}))
 
 
+def engine_dtype(choice: str) -> str:
+    """``--dtype``: ``auto`` is bfloat16 on a GPU, and on the CPU build what this host's CPU runs natively
+    (``support.vllm_server.host_dtype``)."""
+    if choice != "auto":
+        return choice
+    import torch
+    from support.vllm_server import host_dtype
+
+    return "bfloat16" if torch.cuda.is_available() else host_dtype()
+
+
 def run_setting(setting: str, args: argparse.Namespace, root: Path) -> dict[str, Any]:
     from support.tiny_model import create_tiny_model
     from support.vllm_server import VllmServer
@@ -169,7 +181,7 @@ def run_setting(setting: str, args: argparse.Namespace, root: Path) -> dict[str,
     out.mkdir(parents=True, exist_ok=True)
     model = create_tiny_model(out / "model")
     limits = ("--max-num-seqs", str(seqs), "--max-num-batched-tokens", str(budget))
-    with VllmServer(model, extra_args=limits) as server:
+    with VllmServer(model, extra_args=limits, dtype=engine_dtype(args.dtype)) as server:
         server.warm_up()
         capacity = capacity_rps(server.url, out / "capacity", args.capacity_slo, args.start_rate)
         arrivals = load_trace(TRACE).arrival_s
@@ -284,7 +296,7 @@ def run_setting_in_process(setting: str, args: argparse.Namespace, root: Path) -
     seqs, budget = (int(x) for x in setting.split("x"))
     out = root / f"{setting}-in-process"
     model = create_tiny_model(out / "model")
-    engine = InProcessEngine(model, seqs, budget)
+    engine = InProcessEngine(model, seqs, budget, dtype=engine_dtype(args.dtype))
     trace = load_trace(TRACE)
     n = args.requests
     engine.run(np.linspace(0.0, 1.0, 8), trace.input_tokens[:8], trace.output_tokens[:8])  # warm-up
@@ -483,6 +495,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=1,
                         help="with --engine in-process: replay each check slice this many times in all (the same "
                              "requests and arrivals) and print the real engine's retest spread beside each error")
+    parser.add_argument("--dtype", choices=("auto", "bfloat16", "float32"), default="auto",
+                        help="the engine's dtype; auto (default): bfloat16 where the CPU has a native bfloat16 "
+                             "matmul (avx512_bf16 or amx_bf16), else float32 (vLLM's CPU build falls back to a "
+                             "slower torch linear for bfloat16 there)")
+    parser.add_argument("--cpu-bind", default=None, metavar="CORES",
+                        help="cores the engine's OpenMP threads bind to (VLLM_CPU_OMP_THREADS_BIND, e.g. 0 or "
+                             "0-3; default: vLLM's own choice, every core)")
     parser.add_argument("--out", type=Path, default=None, help="keep the replays and profiles here")
     parser.add_argument("--json", type=Path, default=None, help="also write the tables here")
     parser.add_argument("--reanalyse", type=Path, default=None, metavar="ROOT",
@@ -492,6 +511,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="simulate the step fits without the step jitter calibration measured: deterministic "
                              "steps, as before it existed (to see what the jitter changes)")
     args = parser.parse_args(argv)
+    if args.cpu_bind is not None:
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = args.cpu_bind  # the server and the in-process engine read it
     if args.reanalyse is not None:
         tables = reanalyse(args.reanalyse, jitter=not args.no_step_jitter)
         for table in tables:

@@ -93,7 +93,7 @@ class InProcessEngine:
     """``LLMEngine`` for the tiny model with the given scheduler limits (CPU build, prefix caching on)."""
 
     def __init__(self, model_dir: Path, max_num_seqs: int, max_num_batched_tokens: int,
-                 max_model_len: int = 2048) -> None:
+                 max_model_len: int = 2048, dtype: str = "bfloat16") -> None:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core in this process: one clock
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -103,7 +103,7 @@ class InProcessEngine:
         self.model_dir, self.max_model_len = Path(model_dir), max_model_len
         self.engine = LLMEngine.from_engine_args(EngineArgs(
             model=str(model_dir), max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-            max_model_len=max_model_len, dtype="bfloat16", disable_log_stats=False, gpu_memory_utilization=0.3))
+            max_model_len=max_model_len, dtype=dtype, disable_log_stats=False, gpu_memory_utilization=0.3))
         self.served = 0
         self._batch: tuple[float, float, float, float, float] | None = None
         scheduler = self.engine.engine_core.engine_core.scheduler  # the in-process core's own scheduler

@@ -233,3 +233,16 @@ def test_a_profile_at_a_runs_speed_takes_every_step_that_much_longer() -> None:
     assert slow.first_token_s[0] == pytest.approx(1.2 * base.first_token_s[0], rel=1e-9)
     assert slow.finish_s[0] == pytest.approx(1.2 * base.finish_s[0], rel=1e-9)
     assert bench.at_speed(profile, 1.0) == profile
+
+
+def test_the_engine_runs_bfloat16_only_where_the_cpu_has_a_bfloat16_matmul() -> None:
+    """Without avx512_bf16 or amx_bf16 the CPU build's bfloat16 linear falls back to torch (1.7x slower steps,
+    more scatter): the fidelity bench's ``--dtype auto`` takes float32 there."""
+    from support.vllm_server import host_dtype
+
+    avx2_host = "flags\t\t: fpu vme sse sse2 avx avx2 fma bmi2"
+    assert host_dtype(avx2_host) == "float32"
+    assert host_dtype(avx2_host + " avx512f avx512bw") == "float32"  # AVX-512 alone has no bfloat16 matmul
+    assert host_dtype(avx2_host + " avx512f avx512_bf16") == "bfloat16"
+    assert host_dtype(avx2_host + " amx_tile amx_bf16") == "bfloat16"
+    assert host_dtype("flags\t\t: avx512_bf16x") == "float32"  # a whole flag, not a prefix

@@ -43,6 +43,22 @@ def vllm_installed() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
+BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
+"""CPU flags with which oneDNN runs a bfloat16 matmul natively; without them vLLM's CPU build logs "Failed to
+create oneDNN linear, fallback to torch linear" and its bfloat16 steps run 1.7x slower and scatter more."""
+
+
+def host_dtype(cpuinfo: str | None = None) -> str:
+    """The dtype the CPU build runs natively here: bfloat16 where the CPU has a bfloat16 matmul, else float32."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return "bfloat16"
+    flags = set(cpuinfo.split())
+    return "bfloat16" if any(flag in flags for flag in BF16_CPU_FLAGS) else "float32"
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that is free right now."""
     with socket.socket() as sock:
@@ -54,8 +70,9 @@ class VllmServer:
     """One ``vllm.entrypoints.openai.api_server`` process in its own process group."""
 
     def __init__(self, model_dir: Path, port: int | None = None, extra_args: tuple[str, ...] = DEFAULT_LIMITS,
-                 served_model_name: str = SERVED_MODEL_NAME) -> None:
+                 served_model_name: str = SERVED_MODEL_NAME, dtype: str | None = None) -> None:
         self.model_dir = Path(model_dir)
+        self.dtype = dtype or host_dtype()
         self.port = port or free_port()
         self.extra_args = tuple(extra_args)
         self.served_model_name = served_model_name
@@ -69,7 +86,7 @@ class VllmServer:
     def command(self) -> list[str]:
         return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model_dir),
                 "--served-model-name", self.served_model_name, "--host", "127.0.0.1", "--port", str(self.port),
-                "--max-model-len", "2048", "--dtype", "bfloat16", *self.extra_args]
+                "--max-model-len", "2048", "--dtype", self.dtype, *self.extra_args]
 
     def start(self, timeout_s: float = 300.0) -> VllmServer:
         """Launch and wait until ``/health`` answers 200; raise with the log's tail if it does not."""
