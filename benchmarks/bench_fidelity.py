@@ -496,9 +496,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="with --engine in-process: replay each check slice this many times in all (the same "
                              "requests and arrivals) and print the real engine's retest spread beside each error")
     parser.add_argument("--dtype", choices=("auto", "bfloat16", "float32"), default="auto",
-                        help="the engine's dtype; auto (default): bfloat16 where the CPU has a native bfloat16 "
-                             "matmul (avx512_bf16 or amx_bf16), else float32 (vLLM's CPU build falls back to a "
-                             "slower torch linear for bfloat16 there)")
+                        help="the engine's dtype; auto (default): bfloat16 on a GPU or where the CPU has a native "
+                             "bfloat16 matmul (avx512_bf16 or amx_bf16), else float32 (vLLM's CPU build falls back "
+                             "to a slower torch linear for bfloat16 there)")
     parser.add_argument("--cpu-bind", default=None, metavar="CORES",
                         help="cores the engine's OpenMP threads bind to (VLLM_CPU_OMP_THREADS_BIND, e.g. 0 or "
                              "0-3; default: vLLM's own choice, every core)")

@@ -45,7 +45,8 @@ def vllm_installed() -> bool:
 
 BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
 """CPU flags with which oneDNN runs a bfloat16 matmul natively; without them vLLM's CPU build logs "Failed to
-create oneDNN linear, fallback to torch linear" and its bfloat16 steps run 1.7x slower and scatter more."""
+create oneDNN linear, fallback to torch linear" and its bfloat16 steps run about 1.7x slower (docs/real-vllm.md,
+thirteenth run)."""
 
 
 def host_dtype(cpuinfo: str | None = None) -> str:
