@@ -236,8 +236,8 @@ def test_a_profile_at_a_runs_speed_takes_every_step_that_much_longer() -> None:
 
 
 def test_the_engine_runs_bfloat16_only_where_the_cpu_has_a_bfloat16_matmul() -> None:
-    """Without avx512_bf16 or amx_bf16 the CPU build's bfloat16 linear falls back to torch (1.7x slower steps,
-    more scatter): the fidelity bench's ``--dtype auto`` takes float32 there."""
+    """Without avx512_bf16 or amx_bf16 the CPU build's bfloat16 linear falls back to torch (about 1.7x slower
+    steps, docs/real-vllm.md): the fidelity bench's ``--dtype auto`` takes float32 there."""
     from support.vllm_server import host_dtype
 
     avx2_host = "flags\t\t: fpu vme sse sse2 avx avx2 fma bmi2"
