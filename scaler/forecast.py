@@ -398,19 +398,61 @@ def lead_time_headroom(history: Samples, slopes: Samples, lead_s: float, level: 
     return Headroom(pool.quantile(rises, quantile), pool.horizons)
 
 
+def span(samples: Samples) -> tuple[object, ...]:
+    """First and last time and length of time-ordered samples: what tells a policy's histories apart, since
+    they only gain samples at the end and lose them at the front."""
+    return (samples[0][0], samples[-1][0], len(samples)) if samples else ()
+
+
+@dataclass(frozen=True)
+class LevelIndex:
+    """Which past horizons a level selects (``_selected_starts``), answered without reading the history
+    again: the demand (floored at ``RISE_FLOOR``) at every sample whose next ``lead_s`` seconds lie inside
+    the history, sorted. A level selects those within a factor ``LEVEL_BAND`` of it, a contiguous run of
+    this order, so two levels select the same horizons exactly when two bisections give the same run."""
+
+    history: tuple[object, ...]
+    """``span`` of the history it indexes."""
+    lead_s: float
+    scales: tuple[float, ...]
+
+    def reads(self, history: Samples, lead_s: float) -> bool:
+        """Whether this indexes ``history`` at ``lead_s``."""
+        return self.lead_s == lead_s and self.history == span(history)
+
+    def run(self, level: float) -> tuple[int, int]:
+        """The run of ``scales`` that ``level`` selects; (0, 0) when it selects none."""
+        here = max(level, RISE_FLOOR)
+        if here != here:  # NaN: no comparison holds, so no horizon is selected
+            return (0, 0)
+        first = bisect.bisect_left(self.scales, here / LEVEL_BAND)
+        stop = bisect.bisect_right(self.scales, here * LEVEL_BAND)
+        return (first, stop) if first < stop else (0, 0)
+
+
+def level_index(history: Samples, lead_s: float) -> LevelIndex:
+    """The ``LevelIndex`` of ``history`` at ``lead_s``."""
+    scales: tuple[float, ...] = ()
+    if len(history) >= 2:
+        t, v = _columns(history)
+        starts = np.flatnonzero(t + max(lead_s, 0.0) <= t[-1])
+        scales = tuple(np.sort(np.maximum(v[starts], RISE_FLOOR)).tolist())
+    return LevelIndex(span(history), lead_s, scales)
+
+
 def headroom_inputs(history: Samples, slopes: Samples, lead_s: float, level: float, quantile: float,
                     prior_rise: float, prior_horizons: int, spacing_s: float = 15.0,
-                    survival: Callable[[np.ndarray], np.ndarray] | None = None) -> BandInputs:
+                    survival: Callable[[np.ndarray], np.ndarray] | None = None,
+                    index: LevelIndex | None = None) -> BandInputs:
     """Everything ``lead_time_headroom``'s answer depends on, cheap to build and compare: the history's
-    first and last time and length (a policy's history only gains samples at the end and loses them at
-    the front), the same of the slopes, which past horizons ``level`` selects, and the settings. Equal
-    inputs, equal answer: a decision reuses the last one's headroom while its history has not moved
-    (two rounds in three at a 5 s round and 15 s samples) instead of recomputing it."""
-    span = (history[0][0], history[-1][0], len(history)) if history else ()
-    slope_span = (slopes[0][0], slopes[-1][0], len(slopes)) if slopes else ()
-    selected = (_selected_starts(*_columns(history), max(lead_s, 0.0), level, RISE_FLOOR).tobytes()
-                if len(history) >= 2 else b"")
-    return (span, slope_span, selected, lead_s, quantile, prior_rise, prior_horizons, spacing_s, survival)
+    ``span``, the same of the slopes, which past horizons ``level`` selects (read through ``index``, this
+    history's ``level_index``, built here when not given), and the settings. Equal inputs, equal answer: a
+    decision reuses the last one's headroom while its history has not moved (two rounds in three at a 5 s
+    round and 15 s samples) instead of recomputing it."""
+    if index is None or not index.reads(history, lead_s):
+        index = level_index(history, lead_s)
+    return (span(history), span(slopes), index.run(level), lead_s, quantile, prior_rise, prior_horizons,
+            spacing_s, survival)
 
 
 def project_backlog(

@@ -62,7 +62,10 @@ KV_SAFE_USAGE = 0.9
 """Share of a replica's KV cache the fleet may plan to fill (vLLM preempts when it is full)."""
 
 
-BandMemo = tuple[forecast.BandInputs, forecast.Headroom]
+BandMemo = tuple[forecast.BandInputs, forecast.Headroom, forecast.LevelIndex]
+"""A band's (inputs, headroom) and the index its inputs were read through (``_band``)."""
+TrendMemo = tuple[tuple[object, ...], forecast.Trend]
+"""A trend and what it was fitted on (``_trend``)."""
 """A lead-time band's inputs and its answer, kept for the next decision."""
 
 
@@ -175,8 +178,10 @@ class PolicyState:
     kv: window.Samples = ()
     """(t, KV cache in use, in replicas), one per ``HISTORY_SPACING_S`` over the headroom history."""
     bands: tuple[BandMemo, ...] = ()
-    """The last decision's (inputs, headroom) of the demand band and the KV band: reused while the inputs
-    are equal (``forecast.headroom_inputs``), the same answer without recomputing it."""
+    """The last decision's (inputs, headroom, index) of the demand band and the KV band: reused while the
+    inputs are equal (``forecast.headroom_inputs``), the same answer without recomputing it."""
+    trend: TrendMemo | None = None
+    """The last decision's trend and the samples it was fitted on: reused while those are the same."""
     waiting: window.Samples = ()
     """(t, waiting tokens) over the rate window: backlog growth."""
     capacity: efficiency.CapacityMemory = field(default_factory=efficiency.CapacityMemory)
@@ -276,13 +281,30 @@ def _track_starting(previous: tuple[float, ...], starting: int, now: float) -> t
 def _band(last: BandMemo | None, history: window.Samples, slopes: window.Samples, lead_s: float, level: float,
           config: PolicyConfig, survival: lead_time.Survival | None,
           time_constants: tuple[float, ...] = (0.0,)) -> BandMemo:
-    """(inputs, headroom) of one lead-time band: the last decision's where its inputs were these."""
+    """(inputs, headroom, index) of one lead-time band: the last decision's where its inputs were these. The
+    index is rebuilt only when the history or the lead time moved (once per sample), so the two rounds in
+    three that reuse the band do not read the hour-long history to find that out."""
     settings = (config.headroom_quantile, config.prior_rise, config.prior_horizons, HISTORY_SPACING_S)
-    inputs = (*forecast.headroom_inputs(history, slopes, lead_s, level, *settings, survival), time_constants)
+    index = (last[2] if last is not None and last[2].reads(history, lead_s)
+             else forecast.level_index(history, lead_s))
+    inputs = (*forecast.headroom_inputs(history, slopes, lead_s, level, *settings, survival, index=index),
+              time_constants)
     if last is not None and last[0] == inputs:
         return last
     return inputs, forecast.level_headroom(history, slopes, lead_s, level, *settings, survival=survival,
-                                           time_constants=time_constants)
+                                           time_constants=time_constants), index
+
+
+def _trend(last: TrendMemo | None, samples: window.Samples, config: PolicyConfig) -> TrendMemo:
+    """The demand trend over ``samples`` (the trend window of the history), the last decision's where it was
+    fitted on the same samples: the history gains one only every ``HISTORY_SPACING_S``, so two rounds in three
+    would refit the same points."""
+    settings = (config.trend_confidence, config.trend_window_s, config.rate_window_s)
+    key = (forecast.span(samples), *settings)
+    if last is not None and last[0] == key:
+        return last
+    return key, forecast.robust_trend(samples, config.trend_confidence, config.trend_window_s / 2,
+                                      spacing_s=config.rate_window_s)
 
 
 def _fresh_hold_s(memory: efficiency.CapacityMemory, lead_s: float, config: PolicyConfig, active: bool) -> float:
@@ -354,8 +376,8 @@ def decide(signals: Signals, state: PolicyState, config: PolicyConfig, now: floa
     recording = now - first_seen >= config.rate_window_s
     history = (forecast.push_spaced(state.demand, now, nominal, config.headroom_history_s, HISTORY_SPACING_S)
                if recording else state.demand)
-    trend = forecast.robust_trend(window.since(history, now - config.trend_window_s), config.trend_confidence,
-                                  config.trend_window_s / 2, spacing_s=config.rate_window_s)
+    trend_memo = _trend(state.trend, window.since(history, now - config.trend_window_s), config)
+    trend = trend_memo[1]
     slopes = (forecast.push_spaced(state.slopes, now, trend.used, config.headroom_history_s, HISTORY_SPACING_S)
               if recording and history and history[-1][0] == now else state.slopes)
     slopes = slopes[bisect.bisect_left(slopes, (history[0][0] if history else now,)):]  # in time order
@@ -460,6 +482,7 @@ def decide(signals: Signals, state: PolicyState, config: PolicyConfig, now: floa
         demand=history,
         kv=kv_history,
         bands=(demand_band, kv_band),
+        trend=trend_memo,
         slopes=slopes,
         waiting=waiting_samples,
         capacity=capacity_memory,
