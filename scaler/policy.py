@@ -66,7 +66,6 @@ BandMemo = tuple[forecast.BandInputs, forecast.Headroom, forecast.LevelIndex]
 """A band's (inputs, headroom) and the index its inputs were read through (``_band``)."""
 TrendMemo = tuple[tuple[object, ...], forecast.Trend]
 """A trend and what it was fitted on (``_trend``)."""
-"""A lead-time band's inputs and its answer, kept for the next decision."""
 
 
 @dataclass(frozen=True)

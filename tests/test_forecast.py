@@ -234,3 +234,24 @@ def test_the_level_carries_forward_one_smoothing_step_and_raw_is_the_demand_itse
     assert level_now(smooth, 110.0, 9.0) == pytest.approx(5.0 + (1 - math.exp(-10 / 300)) * 4.0)
     assert level_now(smooth, 1e6, 9.0) == pytest.approx(9.0)
     assert level_now(Headroom(0.1, 0, 300.0, None, 0.0), 10.0, 9.0) == 9.0  # no history: the demand
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(0.0, 40.0), min_size=0, max_size=60), st.floats(0.0, 400.0),
+       st.floats(0.0, 50.0), st.floats(0.0, 50.0))
+def test_the_level_index_selects_the_horizons_a_pass_over_the_history_selects(values, lead_s, a, b) -> None:
+    """``LevelIndex.run`` stands in for ``_selected_starts`` in a band's inputs: two levels give the same run
+    exactly when they select the same past horizons, and a run is as long as that selection."""
+    from scaler.forecast import RISE_FLOOR, _columns, _selected_starts, level_index
+
+    history = tuple((15.0 * i, v) for i, v in enumerate(values))
+    index = level_index(history, lead_s)
+
+    def selected(level: float) -> np.ndarray:
+        return _selected_starts(*_columns(history), lead_s, level, RISE_FLOOR) if len(history) >= 2 else np.empty(0)
+
+    for level in (a, b):
+        first, stop = index.run(level)
+        assert stop - first == selected(level).size
+    assert (index.run(a) == index.run(b)) == np.array_equal(selected(a), selected(b))
+    assert index.reads(history, lead_s) and not index.reads((*history, (15.0 * len(values), 1.0)), lead_s)
