@@ -45,7 +45,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from scaler.window import Samples
+from scaler.window import Samples, span
 
 MIN_TREND_SAMPLES = 4
 """Fewer points than this give no trend (a slope from 2–3 points is mostly noise)."""
@@ -399,12 +399,6 @@ def lead_time_headroom(history: Samples, slopes: Samples, lead_s: float, level: 
     return Headroom(pool.quantile(rises, quantile), pool.horizons)
 
 
-def span(samples: Samples) -> tuple[object, ...]:
-    """First and last time and length of time-ordered samples: what tells a policy's histories apart, since
-    they only gain samples at the end and lose them at the front."""
-    return (samples[0][0], samples[-1][0], len(samples)) if samples else ()
-
-
 @dataclass(frozen=True)
 class LevelIndex:
     """Which past horizons a level selects (``_selected_starts``), answered without reading the history
@@ -412,8 +406,8 @@ class LevelIndex:
     the history, sorted. A level selects those within a factor ``LEVEL_BAND`` of it, a contiguous run of
     this order, so two levels select the same horizons exactly when two bisections give the same run."""
 
-    history: tuple[object, ...]
-    """``span`` of the history it indexes."""
+    history_span: tuple[object, ...]
+    """``window.span`` of the history it indexes."""
     lead_s: float
     scales: array.array[float]
     """Packed doubles: a decision state holds two of these per object, and a tuple of floats would be four
@@ -421,7 +415,7 @@ class LevelIndex:
 
     def reads(self, history: Samples, lead_s: float) -> bool:
         """Whether this indexes ``history`` at ``lead_s``."""
-        return self.lead_s == lead_s and self.history == span(history)
+        return self.lead_s == lead_s and self.history_span == span(history)
 
     def run(self, level: float) -> tuple[int, int]:
         """The run of ``scales`` that ``level`` selects; (0, 0) when it selects none."""
@@ -433,8 +427,11 @@ class LevelIndex:
         return (first, stop) if first < stop else (0, 0)
 
 
-def level_index(history: Samples, lead_s: float) -> LevelIndex:
-    """The ``LevelIndex`` of ``history`` at ``lead_s``."""
+def level_index(history: Samples, lead_s: float, last: LevelIndex | None = None) -> LevelIndex:
+    """The ``LevelIndex`` of ``history`` at ``lead_s``: ``last`` where it already indexes them (a history moves
+    once per sample, so two rounds in three reuse the last decision's)."""
+    if last is not None and last.reads(history, lead_s):
+        return last
     scales = array.array("d")
     if len(history) >= 2:
         t, v = _columns(history)
@@ -448,11 +445,11 @@ def headroom_inputs(history: Samples, slopes: Samples, lead_s: float, level: flo
                     survival: Callable[[np.ndarray], np.ndarray] | None = None,
                     index: LevelIndex | None = None) -> BandInputs:
     """Everything ``lead_time_headroom``'s answer depends on, cheap to build and compare: the history's
-    ``span``, the same of the slopes, which past horizons ``level`` selects (read through ``index``, this
-    history's ``level_index``, built here when not given), and the settings. Equal inputs, equal answer: a
-    decision reuses the last one's headroom while its history has not moved (two rounds in three at a 5 s
-    round and 15 s samples) instead of recomputing it."""
-    if index is None or not index.reads(history, lead_s):
+    ``window.span``, the same of the slopes, which past horizons ``level`` selects (read through ``index``,
+    this history's ``level_index`` at ``lead_s``, built here when not given), and the settings. Equal inputs,
+    equal answer: a decision reuses the last one's headroom while its history has not moved (two rounds in
+    three at a 5 s round and 15 s samples) instead of recomputing it."""
+    if index is None:
         index = level_index(history, lead_s)
     return (span(history), span(slopes), index.run(level), lead_s, quantile, prior_rise, prior_horizons,
             spacing_s, survival)

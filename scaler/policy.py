@@ -284,8 +284,7 @@ def _band(last: BandMemo | None, history: window.Samples, slopes: window.Samples
     index is rebuilt only when the history or the lead time moved (once per sample), so the two rounds in
     three that reuse the band do not read the hour-long history to find that out."""
     settings = (config.headroom_quantile, config.prior_rise, config.prior_horizons, HISTORY_SPACING_S)
-    index = (last[2] if last is not None and last[2].reads(history, lead_s)
-             else forecast.level_index(history, lead_s))
+    index = forecast.level_index(history, lead_s, last[2] if last is not None else None)
     inputs = (*forecast.headroom_inputs(history, slopes, lead_s, level, *settings, survival, index=index),
               time_constants)
     if last is not None and last[0] == inputs:
@@ -299,7 +298,7 @@ def _trend(last: TrendMemo | None, samples: window.Samples, config: PolicyConfig
     fitted on the same samples: the history gains one only every ``HISTORY_SPACING_S``, so two rounds in three
     would refit the same points."""
     settings = (config.trend_confidence, config.trend_window_s, config.rate_window_s)
-    key = (forecast.span(samples), *settings)
+    key = (window.span(samples), *settings)
     if last is not None and last[0] == key:
         return last
     return key, forecast.robust_trend(samples, config.trend_confidence, config.trend_window_s / 2,

@@ -62,3 +62,9 @@ def since(samples: Samples, t: float) -> Samples:
     """The samples at or after ``t`` (a bisection: windows are in time order, and an hour-long history is
     read this way every decision)."""
     return samples[bisect.bisect_left(samples, (t,)):]
+
+
+def span(samples: Samples) -> tuple[object, ...]:
+    """First and last time and length of time-ordered samples: what tells a policy's windows apart, since they
+    only gain samples at the end and lose them at the front."""
+    return (samples[0][0], samples[-1][0], len(samples)) if samples else ()
