@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 import timeit
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -25,14 +26,14 @@ from scaler import evaluation
 from scaler.forecast import theil_sen
 from scaler.lead_time import rolling_lead_time
 from scaler.metadata import parse_metadata
-from scaler.policy import HISTORY_SPACING_S
 from scaler.signals import Signals
 
 META = {"model": "model-0007", "prefillTokensPerSecond": "8000", "decodeTokensPerSecond": "2000",
         "maxNumSeqs": "256", "kvCacheTokens": "200000"}
 INTERVAL_S = 5.0
-CYCLE = round(HISTORY_SPACING_S / INTERVAL_S)
-"""Rounds per history sample: one in ``CYCLE`` decisions adds a sample and recomputes the bands."""
+CYCLE = round(parse_metadata(META).rate_window_s / INTERVAL_S)
+"""Rounds per band refresh: the bands are measured again once per rate window (``policy._band_holds``), so the
+mean over ``CYCLE`` rounds is a steady decision's cost (one in three of them also adds a history sample)."""
 COLD_STARTS_S = tuple(float(s) for s in np.exp(np.log(120.0) + 0.54 * np.random.default_rng(3).standard_normal(20)))
 """Twenty measured cold starts (lognormal p50 120 s, p90 240 s), as ``leadTime: auto`` hands the policy: both
 lead-time bands weigh their lags by them, and the KV cache's band runs on the wobbling usage above."""
@@ -60,19 +61,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--objects", type=int, default=1000, help="objects for the cores estimate")
     args = parser.parse_args(argv)
 
-    print(f"{'history':>10} {'us/decision':>12} {'new sample':>11} {'cores for ' + str(args.objects) + ' objects':>24}")
+    print(f"{'history':>10} {'us/decision':>12} {'band round':>11} {'cores for ' + str(args.objects) + ' objects':>24}")
     held, done = evaluation.Held(), 0
     for minutes in (0, 10, 60, 90):
         target = int(minutes * 60 / INTERVAL_S)
         if target > done:
             held, done = steps(held, done, target - done), target
         # from the same state each time (decide is pure), so the history stays this long: the mean over one
-        # 15 s cycle of rounds (one adds a history sample and recomputes the bands, two reuse them), and the
-        # round that adds the sample alone
+        # refresh cycle of rounds (one measures the bands again, the rest reuse them), and a round that measures
+        # them (from the state without its bands)
         rounds = args.decisions // CYCLE
         cost_s = min(timeit.repeat(lambda held=held, done=done: steps(held, done, CYCLE), number=rounds,
                                    repeat=3)) / (rounds * CYCLE)
-        push_s = min(timeit.repeat(lambda held=held, done=done: steps(held, done, 1), number=args.decisions,
+        unbanded = replace(held, state=replace(held.state, bands=())) if held.state is not None else held
+        push_s = min(timeit.repeat(lambda held=unbanded, done=done: steps(held, done, 1), number=args.decisions,
                                    repeat=3)) / args.decisions
         cores = args.objects * cost_s / INTERVAL_S
         print(f"{minutes:>7} min {cost_s * 1e6:>12.0f} {push_s * 1e6:>11.0f} {cores:>24.3f}")

@@ -300,6 +300,19 @@ def level_now(headroom: Headroom, t: float, value: float) -> float:
     return headroom.level - math.expm1(-(t - headroom.level_at) / headroom.tau_s) * (value - headroom.level)
 
 
+def advance_level(headroom: Headroom, history: Samples) -> Headroom:
+    """``headroom`` with its level carried through the samples of ``history`` newer than its last one, by the
+    recursion of ``smoothed_levels``: a band reused for a few samples (``policy._band_holds``) keeps the
+    level a band measured on this history would have, not one step over the whole gap at the newest value."""
+    if headroom.tau_s <= 0 or headroom.level is None or not history or history[-1][0] <= headroom.level_at:
+        return headroom
+    level, at = headroom.level, headroom.level_at
+    for t, value in history[bisect.bisect_right(history, (at, math.inf)):]:
+        level -= math.expm1(-(t - at) / headroom.tau_s) * (value - level)
+        at = t
+    return Headroom(headroom.rise, headroom.horizons, headroom.tau_s, level, at)
+
+
 def level_headroom(history: Samples, slopes: Samples, lead_s: float, level: float, quantile: float,
                    prior_rise: float, prior_horizons: int, spacing_s: float = 15.0,
                    survival: Callable[[np.ndarray], np.ndarray] | None = None,

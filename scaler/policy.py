@@ -35,6 +35,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import cast
 
 from scaler import efficiency, forecast, histograms, lead_time, window
 from scaler.capacity import ReplicaCapacity
@@ -177,8 +178,8 @@ class PolicyState:
     kv: window.Samples = ()
     """(t, KV cache in use, in replicas), one per ``HISTORY_SPACING_S`` over the headroom history."""
     bands: tuple[BandMemo, ...] = ()
-    """The last decision's (inputs, headroom, index) of the demand band and the KV band: reused while the
-    inputs are equal (``forecast.headroom_inputs``), the same answer without recomputing it."""
+    """The last decision's (inputs, headroom, index) of the demand band and the KV band: reused while they hold
+    (``_band_holds``: the same selection and settings, measured less than a rate window ago)."""
     trend: TrendMemo | None = None
     """The last decision's trend and the samples it was fitted on: reused while those are the same."""
     waiting: window.Samples = ()
@@ -280,17 +281,43 @@ def _track_starting(previous: tuple[float, ...], starting: int, now: float) -> t
 def _band(last: BandMemo | None, history: window.Samples, slopes: window.Samples, lead_s: float, level: float,
           config: PolicyConfig, survival: lead_time.Survival | None,
           time_constants: tuple[float, ...] = (0.0,)) -> BandMemo:
-    """(inputs, headroom, index) of one lead-time band: the last decision's where its inputs were these. The
-    index is rebuilt only when the history or the lead time moved (once per sample), so the two rounds in
-    three that reuse the band do not read the hour-long history to find that out."""
+    """(inputs, headroom, index) of one lead-time band: the last decision's while it still holds
+    (``_band_holds``), else measured again on ``history``, with the index of that history (rebuilt only when
+    the history or the lead time moved)."""
     settings = (config.headroom_quantile, config.prior_rise, config.prior_horizons, HISTORY_SPACING_S)
+    if last is not None and _band_holds(last, history, lead_s, level, (*settings, survival, time_constants),
+                                        config.rate_window_s, config.headroom_history_s - HISTORY_SPACING_S):
+        carried = forecast.advance_level(last[1], history)
+        return last if carried is last[1] else (last[0], carried, last[2])
     index = forecast.level_index(history, lead_s, last[2] if last is not None else None)
     inputs = (*forecast.headroom_inputs(history, slopes, lead_s, level, *settings, survival, index=index),
               time_constants)
-    if last is not None and last[0] == inputs:
-        return last
     return inputs, forecast.level_headroom(history, slopes, lead_s, level, *settings, survival=survival,
                                            time_constants=time_constants), index
+
+
+def _band_holds(last: BandMemo, history: window.Samples, lead_s: float, level: float, settings: tuple[object, ...],
+                refresh_s: float, full_s: float) -> bool:
+    """Whether the last band answers for this decision: same lead time and settings, ``level`` selects the
+    horizons it was measured on (in the history it was measured on), and that history is this one, or, once it
+    spans ``full_s`` (the headroom history, full), less than ``refresh_s`` (the rate window) older than this one.
+
+    Why a full history may wait a rate window: its band pools about 225 horizons, so the three samples it skips
+    are about 1 % of its evidence, and samples within one rate window are not independent observations (each is
+    a rate over that window; the trend thins them the same way). Measuring it at each sample was three quarters
+    of a decision's cost at an hour of history (docs/scaler.md). A young history's newest horizons are a large
+    share of its evidence, and holding them back cost GPU-hours on the suite (docs/autoscaling.md). What never
+    waits: a level that selects other horizons (a step to a load never seen gets the prior's band at once), a
+    new lead time or new measured starts."""
+    inputs, _, index = last
+    history_span, run, same = inputs[0], inputs[2], inputs[3:]
+    if same != (lead_s, *settings) or index.run(level) != run:
+        return False
+    if not history or not history_span:
+        return not history and not history_span
+    first, newest, _ = cast(tuple[float, float, int], history_span)  # window.span of the band's history
+    age = history[-1][0] - newest
+    return age == 0.0 or (newest - first >= full_s and 0.0 <= age < refresh_s)
 
 
 def _trend(last: TrendMemo | None, samples: window.Samples, config: PolicyConfig) -> TrendMemo:

@@ -183,6 +183,27 @@ def test_smoothed_levels_are_the_exponential_recursion_at_any_spacing(steps, tau
     assert v.min() - 1e-9 <= got.min() and got.max() <= v.max() + 1e-9  # an average never leaves the range
 
 
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.floats(0.01, 400.0), st.floats(0.0, 1e4)), min_size=2, max_size=60),
+       st.integers(1, 5), st.sampled_from([0.0, 15.0, 300.0]))
+def test_a_reused_band_carries_its_level_to_what_the_longer_history_gives(steps, added, tau) -> None:
+    """``advance_level`` walks a band's level through the samples newer than the band's history: the level a
+    band measured on the longer history would have (``smoothed_levels``' last), so a band reused for a rate
+    window does not move the level the fleet is sized on."""
+    from scaler.forecast import Headroom, advance_level, smoothed_levels
+
+    t = np.cumsum([dt for dt, _ in steps])
+    v = np.array([x for _, x in steps])
+    cut = max(1, t.size - added)
+    old = smoothed_levels(t[:cut], v[:cut], tau)
+    band = Headroom(0.3, 7, tau, float(old[-1]), float(t[cut - 1]))
+    carried = advance_level(band, tuple(zip(t.tolist(), v.tolist(), strict=True)))
+    expected = smoothed_levels(t, v, tau)[-1] if tau > 0 else band.level
+    assert carried.level == pytest.approx(expected, rel=1e-9, abs=1e-9)
+    assert (carried.rise, carried.horizons, carried.tau_s) == (band.rise, band.horizons, band.tau_s)
+    assert carried.level_at == (float(t[-1]) if tau > 0 else band.level_at)
+
+
 def noisy(level: Callable[[int], float], n: int = 240, seed: int = 5) -> tuple[tuple[float, float], ...]:
     """15 s samples of a demand whose 60 s rates carry noise that does not persist past a minute."""
     rng = np.random.default_rng(seed)

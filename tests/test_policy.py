@@ -441,27 +441,60 @@ def test_the_kv_cache_gets_its_own_band_from_how_far_it_rose_at_this_level() -> 
     assert "needs 5.56 replicas at 90% each" in final["jumpy"].reason
 
 
-def test_a_decision_that_reuses_the_last_bands_answers_exactly_as_one_that_recomputes_them() -> None:
-    """The bands are recomputed only when their inputs moved (``forecast.headroom_inputs``); a state stripped of
-    the memo must give the very same decisions, terms included, through bursts, KV jumps and measured starts."""
+def test_a_band_is_reused_for_less_than_a_rate_window_and_is_then_what_measuring_it_again_gives() -> None:
+    """Once the history is full, the bands are measured again once per rate window, or sooner when the level
+    selects other horizons (``policy._band_holds``); a younger history, at every sample. A round that measures
+    them answers exactly as a state stripped of them does, terms included, through bursts, KV jumps and
+    measured starts; a round that reuses them reuses a band less than a rate window old, and says so in its
+    terms."""
     import numpy as np
 
     rng = np.random.default_rng(11)
     starts = tuple(float(s) for s in rng.lognormal(np.log(120.0), 0.54, 20))
-    kept, fresh = PolicyState(), PolicyState()
-    reused = 0
+    cfg = config()
+    state = PolicyState()
+    measured = reused_across_samples = 0
     for k in range(1500):  # two hours of 5 s rounds: the history fills, then drops samples at its front
         t = 5.0 * k
         level = 4.0 + 3.0 * ((k // 24) % 5 == 0) + rng.normal(0.0, 0.3)
         sig = signals(at=t, prompt_tokens_per_s=10_000.0 * max(level, 0.0), requests_running=8.0, ready_replicas=6,
                       kv_cache_usage=min(1.0, 0.2 + 0.6 * ((k // 24) % 5 == 0) + rng.uniform(0.0, 0.1)),
                       lead_time_s=240.0, cold_starts_s=starts)
-        a = decide(sig, kept, config(), t)
-        b = decide(sig, replace(fresh, bands=()), config(), t)
-        assert a.desired_replicas == b.desired_replicas and dict(a.terms) == dict(b.terms)
-        reused += bool(kept.bands) and a.state.bands[0] is kept.bands[0]
-        kept, fresh = a.state, b.state
-    assert reused > 300  # a round between history samples whose band selection did not move reuses it
+        a = decide(sig, state, cfg, t)
+        b = decide(sig, replace(state, bands=()), cfg, t)
+        band = a.state.bands[0]
+        if not state.bands or band[0] is not state.bands[0][0]:
+            measured += 1
+            if not state.bands or a.state.bands[1][0] is not state.bands[1][0]:  # both measured on this history
+                assert a.desired_replicas == b.desired_replicas and dict(a.terms) == dict(b.terms)
+        elif a.state.demand:
+            (first, measured_on, _), newest = band[0][0], a.state.demand[-1][0]
+            assert 0.0 <= newest - measured_on < cfg.rate_window_s
+            if newest > measured_on:  # only a band measured on a full history outlives a sample
+                assert measured_on - first >= cfg.headroom_history_s - 15.0
+                reused_across_samples += 1
+            assert a.terms["headroom_rise"] == band[1].rise and a.terms["headroom_horizons"] == band[1].horizons
+        state = a.state
+    assert reused_across_samples > 100  # in the second hour a band outlives the samples of its rate window
+    assert measured >= 1500 / 12  # at least once per rate window (the age above), and exact each time
+
+
+def test_a_level_that_selects_other_horizons_measures_the_band_at_once() -> None:
+    """A step to a demand never seen: the first decision at it gets the prior's band (no past horizon started
+    within a factor two of it), not the band measured a moment ago at the old level."""
+    cfg = config()
+    state = PolicyState()
+    for k in range(720):  # an hour at 2 replicas of demand, gently wobbling
+        t = 5.0 * k
+        state = decide(signals(at=t, prompt_tokens_per_s=20_000.0 * (1.0 + 0.05 * (k % 4)), requests_running=8.0,
+                               ready_replicas=3), state, cfg, t).state
+    assert state.bands[0][1].horizons > 100
+    t = 5.0 * 720
+    stepped = decide(signals(at=t, prompt_tokens_per_s=200_000.0, requests_running=8.0, ready_replicas=3),
+                     state, cfg, t)
+    assert stepped.state.bands[0][0] is not state.bands[0][0]
+    assert stepped.terms["headroom_horizons"] == 0.0
+    assert stepped.terms["headroom_rise"] == pytest.approx(cfg.prior_rise)
 
 
 def test_the_reason_names_the_need_that_binds() -> None:
