@@ -2,10 +2,13 @@
 
 The evaluator re-decides every scaled object each round (5 s); the soak (``bench_getmetrics.py --soak``)
 measures the whole server, this isolates ``scaler.evaluation.step`` for one object on a steady load with
-the policy's windows at 0, 10 and 60+ minutes of history (the headroom history is an hour), and prints
-the cores 1,000 objects would take at one round per 5 s. Peer, side by side: the Theil–Sen fit the
-policy makes per decision, ours (``forecast.theil_sen``) against ``scipy.stats.theilslopes`` on the
-same ten points (the call that used to be half of a decision).
+the policy's windows at 0, 10, 60 and 90 minutes of history, and prints the cores 1,000 objects would take
+at one round per 5 s. The headroom history is an hour of samples recorded from the end of the first rate
+window, so it is full from 61 minutes: the 90-minute row is the one whose bands are measured once per rate
+window (``policy._band_holds``), the others at every sample. A steady load: the level never selects other
+horizons, which on a noisy load makes rounds dearer (docs/autoscaling.md, "2026-12-07, fourth session").
+Peer, side by side: the Theil–Sen fit the policy makes per decision, ours (``forecast.theil_sen``) against
+``scipy.stats.theilslopes`` on the same ten points (the call that used to be half of a decision).
 
     python benchmarks/bench_decide.py
 """

@@ -382,12 +382,40 @@ class _Pool:
                 return max(self.prior_rise, 0.0)
             values = np.concatenate([rises, [self.prior_rise]])
             mass = np.concatenate([self.weights, [self.prior_weight]])
-            order = np.argsort(values, kind="stable")  # timsort: about twice as fast here, and the same value
-            cumulative = np.cumsum(mass[order])
-            # the smallest rise whose weighted share of time at or below it reaches the quantile
-            index = min(int(np.searchsorted(cumulative, quantile * cumulative[-1], side="left")), order.size - 1)
-            rise = float(values[order[index]])
+            rise = weighted_quantile(values, mass, quantile)
         return max(rise, 0.0) if math.isfinite(rise) else self.prior_rise
+
+
+def weighted_quantile(values: np.ndarray, mass: np.ndarray, quantile: float) -> float:
+    """The smallest of ``values`` whose share of ``mass`` at or below it reaches ``quantile`` (non-negative
+    masses with a positive sum).
+
+    Sorting all of them was most of a band's cost; the answer lies among the largest values whenever those
+    carry more than ``1 - quantile`` of the mass, so only they are sorted (``np.argpartition`` finds them in
+    linear time) and the rest enter as one sum; where they do not carry that much, all are sorted. The same
+    value either way (the answer depends on the values' masses, not their order; a test holds the two equal)."""
+    n = values.size
+    top_n = math.ceil(2.0 * (1.0 - quantile) * n)
+    if n >= _PARTITION_FROM and top_n < n:
+        total = float(mass.sum())
+        target = quantile * total
+        top = np.argpartition(values, n - top_n)[n - top_n:]
+        top_mass = mass[top]
+        below = total - float(top_mass.sum())
+        if below < target:
+            order = np.argsort(values[top], kind="stable")
+            cumulative = below + np.cumsum(top_mass[order])
+            index = min(int(np.searchsorted(cumulative, target, side="left")), top_n - 1)
+            return float(values[top[order[index]]])
+    order = np.argsort(values, kind="stable")  # timsort: about twice as fast here, and the same value
+    cumulative = np.cumsum(mass[order])
+    index = min(int(np.searchsorted(cumulative, quantile * cumulative[-1], side="left")), n - 1)
+    return float(values[order[index]])
+
+
+_PARTITION_FROM = 1024
+"""Values from which ``weighted_quantile`` partitions first: below about a thousand the extra array operations
+cost more than the shorter sort saves (at 309 values 41 µs against 24; at 3,109, 57 against 90)."""
 
 
 def lead_time_headroom(history: Samples, slopes: Samples, lead_s: float, level: float, quantile: float,

@@ -276,3 +276,24 @@ def test_the_level_index_selects_the_horizons_a_pass_over_the_history_selects(va
         assert stop - first == selected(level).size
     assert (index.run(a) == index.run(b)) == np.array_equal(selected(a), selected(b))
     assert index.reads(history, lead_s) and not index.reads((*history, (15.0 * len(values), 1.0)), lead_s)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 3000), st.integers(0, 2**32 - 1), st.sampled_from([0.05, 0.5, 0.8, 0.9, 0.99]),
+       st.booleans(), st.booleans(), st.booleans())
+def test_the_weighted_quantile_is_the_one_a_full_sort_gives(n, seed, quantile, ties, zero_masses,
+                                                             whole_masses) -> None:
+    """``weighted_quantile`` sorts only the largest values when they carry the quantile's tail: the same value
+    as sorting them all (ties, massless values and cumulative masses exactly at the quantile included), on both
+    of its paths."""
+    from scaler.forecast import weighted_quantile
+
+    rng = np.random.default_rng(seed)
+    values = rng.integers(-5, 6, n).astype(float) / 4 if ties else rng.normal(0.0, 0.3, n)
+    mass = rng.integers(0, 3, n).astype(float) if whole_masses else rng.uniform(0.0, 1.0, n)
+    mass *= rng.uniform(0.0, 1.0, n) > 0.3 if zero_masses else 1.0
+    mass[rng.integers(0, n)] += 1.0  # a positive sum
+    order = np.argsort(values, kind="stable")
+    cumulative = np.cumsum(mass[order])
+    expected = values[order[min(int(np.searchsorted(cumulative, quantile * cumulative[-1])), n - 1)]]
+    assert weighted_quantile(values, mass, quantile) == expected
