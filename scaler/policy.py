@@ -179,7 +179,8 @@ class PolicyState:
     """(t, KV cache in use, in replicas), one per ``HISTORY_SPACING_S`` over the headroom history."""
     bands: tuple[BandMemo, ...] = ()
     """The last decision's (inputs, headroom, index) of the demand band and the KV band: reused while they hold
-    (``_band_holds``: the same selection and settings, measured less than a rate window ago)."""
+    (``_band_holds``: the same selection and settings, measured on this history or, once it is full, less than
+    a rate window ago)."""
     trend: TrendMemo | None = None
     """The last decision's trend and the samples it was fitted on: reused while those are the same."""
     waiting: window.Samples = ()
