@@ -306,11 +306,10 @@ def advance_level(headroom: Headroom, history: Samples) -> Headroom:
     level a band measured on this history would have, not one step over the whole gap at the newest value."""
     if headroom.tau_s <= 0 or headroom.level is None or not history or history[-1][0] <= headroom.level_at:
         return headroom
-    level, at = headroom.level, headroom.level_at
-    for t, value in history[bisect.bisect_right(history, (at, math.inf)):]:
-        level -= math.expm1(-(t - at) / headroom.tau_s) * (value - level)
-        at = t
-    return Headroom(headroom.rise, headroom.horizons, headroom.tau_s, level, at)
+    carried = headroom
+    for t, value in history[bisect.bisect_right(history, (headroom.level_at, math.inf)):]:
+        carried = Headroom(headroom.rise, headroom.horizons, headroom.tau_s, level_now(carried, t, value), t)
+    return carried
 
 
 def level_headroom(history: Samples, slopes: Samples, lead_s: float, level: float, quantile: float,
@@ -488,8 +487,7 @@ def headroom_inputs(history: Samples, slopes: Samples, lead_s: float, level: flo
     """Everything ``lead_time_headroom``'s answer depends on, cheap to build and compare: the history's
     ``window.span``, the same of the slopes, which past horizons ``level`` selects (read through ``index``,
     this history's ``level_index`` at ``lead_s``, built here when not given), and the settings. Equal inputs,
-    equal answer: a decision reuses the last one's headroom while its history has not moved (two rounds in
-    three at a 5 s round and 15 s samples) instead of recomputing it."""
+    equal answer; when a decision may reuse a band measured on other inputs is ``policy._band_holds``'s rule."""
     if index is None:
         index = level_index(history, lead_s)
     return (span(history), span(slopes), index.run(level), lead_s, quantile, prior_rise, prior_horizons,
