@@ -366,7 +366,7 @@ def _build_evaluator(settings: DecisionSettings, send: Callable[[tuple[Any, ...]
                      interval_s=settings.interval_s, staleness_limit_s=settings.staleness_limit_s,
                      idle_timeout_s=settings.idle_timeout_s, source_factory=factory, kube=kube,
                      max_objects=settings.max_objects, on_evaluated=on_evaluated, on_dropped=on_dropped,
-                     warm_up_s=settings.warm_up_s)
+                     warm_up_s=settings.warm_up_s, serves_rpcs=False)
 
 
 def child_main(settings: DecisionSettings, commands: Connection, updates: Connection) -> None:

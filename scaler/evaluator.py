@@ -198,7 +198,7 @@ class Evaluator:
                  clock: Callable[[], float] = time.time, max_objects: int = 10_000,
                  on_evaluated: Callable[[list[_Entry]], None] | None = None,
                  on_dropped: Callable[[list[_Entry]], None] | None = None,
-                 warm_up_s: float = warmup.DEFAULT_SPAN_S) -> None:
+                 warm_up_s: float = warmup.DEFAULT_SPAN_S, serves_rpcs: bool = True) -> None:
         for label, value in (("interval_s", interval_s), ("staleness_limit_s", staleness_limit_s),
                              ("idle_timeout_s", idle_timeout_s), ("first_call_timeout_s", first_call_timeout_s)):
             if not (isinstance(value, (int, float)) and 0 < value < float("inf")):
@@ -207,6 +207,12 @@ class Evaluator:
             raise ValueError(f"Evaluator warm_up_s={warm_up_s!r}: must be a finite number of seconds >= 0 "
                              "(0: no warm-up)")
         self.warm_up_s = float(warm_up_s)
+        self.serves_rpcs = serves_rpcs
+        """Whether RPCs run in this interpreter: then an evaluation yields the GIL after each object (and a
+        warm-up after each replay), or every RPC arriving meanwhile waits a switch interval. The decision
+        process has no RPCs to let in (its short switch interval bounds how long its pipe waits), and there
+        each yield cost more than the object's decision itself saved: 75 us of CPU an object, a fifth of a
+        round (docs/scaler.md)."""
         if not (isinstance(max_objects, int) and max_objects >= 1):
             raise ValueError(f"Evaluator max_objects={max_objects!r}: must be an integer >= 1")
         self.max_objects = max_objects
@@ -344,7 +350,8 @@ class Evaluator:
                 if replayed.used:
                     with entry.lock:
                         entry.warm = replayed
-                time.sleep(0)  # a replay is pure Python: let RPCs and the rounds in
+                if self.serves_rpcs:
+                    time.sleep(0)  # a replay is pure Python: let RPCs and the rounds in
 
     def _replay_settings(self, entry: _Entry, answers: list[tuple[float, dict[Target, Signals | SourceError]]],
                          ) -> warmup.Replay:
@@ -451,7 +458,8 @@ class Evaluator:
                 # a round is pure Python (~0.25 ms per object with an hour of history, benchmarks/bench_decide.py):
                 # without a yield it holds the GIL for a switch interval at a time, and every RPC arriving
                 # meanwhile waits (p99 15 ms over 1000 objects)
-                time.sleep(0)
+                if self.serves_rpcs:
+                    time.sleep(0)
         finally:
             if self.on_evaluated is not None:
                 self.on_evaluated(members)

@@ -516,15 +516,19 @@ def project_backlog(
     # queue below stays exactly 0 at every step, so skip the steps (the usual steady state)
     if backlog <= 0 and max(level + slope * dt / 2, level + slope * (horizon_s - dt / 2)) <= ready:
         return 0.0
-    queue = max(0.0, backlog)
-    # plain floats, not numpy: these 64 scalar steps run once per object per round, and numpy's
-    # per-call overhead made them most of a decision (100 us of it)
+    # the fluid queue's recursion q <- max(0, q + net work) in closed form (Lindley): the queue at the end is the
+    # work added since the last moment it was empty, i.e. S_n - min(-q0, S_1..S_n) over the running sums S_j of
+    # net work; one running sum and one running minimum, no clip per step. Plain floats, not numpy: these 64
+    # scalar steps run once per object per round, where numpy's per-call overhead cost more than the steps
     joined = sorted(arrivals)
-    arrived = 0
+    arrived, total = 0, 0.0
+    lowest = -max(0.0, backlog)
     for step in range(PROJECTION_STEPS):
         mid = (step + 0.5) * dt
         while arrived < len(joined) and joined[arrived] <= mid:
             arrived += 1
-        demand = max(0.0, level + slope * mid)
-        queue = max(0.0, queue + (demand - (ready + arrived)) * dt)
-    return queue
+        demand = level + slope * mid
+        total += ((demand if demand > 0.0 else 0.0) - (ready + arrived)) * dt
+        if total < lowest:
+            lowest = total
+    return total - lowest

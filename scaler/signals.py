@@ -59,10 +59,10 @@ class Signals:
     """Age of the newest sample behind this snapshot."""
 
     def __post_init__(self) -> None:
-        for f in fields(self):
-            value = getattr(self, f.name)
+        for name in _FIELD_NAMES:  # (not dataclasses.fields(): a source builds one per object per round)
+            value = getattr(self, name)
             if isinstance(value, float) and not math.isfinite(value):
-                raise ValueError(f"Signals.{f.name}={value!r}: must be finite")
+                raise ValueError(f"Signals.{name}={value!r}: must be finite")
         for start in self.cold_starts_s:
             if not (isinstance(start, (int, float)) and math.isfinite(start) and start >= 0):
                 raise ValueError(f"Signals.cold_starts_s contains {start!r}: each must be a finite number >= 0")
@@ -70,3 +70,6 @@ class Signals:
                      "requests_running", "ready_replicas", "starting_replicas", "data_age_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"Signals.{name}={getattr(self, name)!r}: must be >= 0")
+
+
+_FIELD_NAMES = tuple(f.name for f in fields(Signals))

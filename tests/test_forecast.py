@@ -76,6 +76,34 @@ def test_backlog_drains_with_the_starting_replicas_as_they_arrive() -> None:
     assert project_backlog(0.0, 5.0, 0.0, 4, (), 60.0) == pytest.approx(60.0)
 
 
+
+def queue_step_by_step(backlog: float, level: float, slope: float, ready: int, arrivals: tuple[float, ...],
+                       horizon_s: float) -> float:
+    """The fluid queue as defined: at each of the projection's midpoints, demand (never negative) less the
+    replicas serving by then, added to a queue that never goes negative."""
+    from scaler.forecast import PROJECTION_STEPS
+
+    dt, queue = horizon_s / PROJECTION_STEPS, max(0.0, backlog)
+    for step in range(PROJECTION_STEPS):
+        mid = (step + 0.5) * dt
+        serving = ready + sum(1 for t in arrivals if t <= mid)
+        queue = max(0.0, queue + (max(0.0, level + slope * mid) - serving) * dt)
+    return queue
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.floats(-5.0, 500.0), st.floats(0.0, 60.0), st.floats(-0.5, 0.5), st.integers(0, 40),
+       st.lists(st.floats(0.0, 400.0), max_size=6).map(tuple), st.floats(0.0, 400.0))
+def test_the_projected_backlog_is_the_fluid_queue_step_by_step(backlog: float, level: float, slope: float,
+                                                               ready: int, arrivals: tuple[float, ...],
+                                                               horizon_s: float) -> None:
+    # project_backlog computes the queue in closed form (Lindley: the work added since it was last empty), with no
+    # clip per step: the same queue as clipping at every step, to rounding
+    expected = queue_step_by_step(backlog, level, slope, ready, arrivals, horizon_s)
+    got = project_backlog(backlog, level, slope, ready, arrivals, horizon_s)
+    assert got >= 0.0
+    assert got == pytest.approx(expected, rel=1e-9, abs=1e-9)
+
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.floats(0.0, 50.0).map(lambda v: round(v, 1)), min_size=2, max_size=14),
        st.floats(0.05, 0.99), st.booleans())
