@@ -267,7 +267,7 @@ def fast_forward(args: argparse.Namespace) -> int:
     clock, interval = Clock(), 5.0
     evaluator = Evaluator(prometheus_url="http://127.0.0.1:9", source_factory=lambda key: FakeSource(),
                           telemetry=Telemetry(), clock=clock, idle_timeout_s=args.idle_timeout,
-                          max_objects=args.objects * 3)
+                          max_objects=args.objects * 3, serves_rpcs=False)  # as in the decision process
     generation, churned = [0] * args.objects, 0
     meta = [{**META, "model": f"model-{i:04d}"} for i in range(args.objects)]
 
