@@ -307,7 +307,7 @@ def fast_forward(args: argparse.Namespace) -> int:
           f"{args.idle_timeout:g} s, a round per {interval:g} s")
     print(f"{'minute':>8}{'RSS MiB':>10}{'objects':>9}{'cores (live)':>14}")
     for minute, rss, objects, cores in rows:
-        print(f"{minute:>8.0f}{rss:>10.1f}{objects:>9}{cores:>14.3f}")
+        print(f"{minute:>8.0f}{rss:>10.1f}{objects:>9}{cores:>14.4f}")
     half = [rss for minute, rss, _, _ in rows if minute > args.fast_forward / 2]
     print(f"RSS over the second half: {min(half):.1f}-{max(half):.1f} MiB (spread {max(half) - min(half):.1f} MiB); "
           f"{churned} objects renamed in all")
