@@ -213,6 +213,9 @@ def report(args: argparse.Namespace, results: list[dict[str, Any]], samplers: li
     print(f"server CPU: scaler {cost_a['cpu_cores']:.3f} cores, peer {cost_b['cpu_cores']:.3f} "
           f"(ratio {cost_a['cpu_cores'] / cost_b['cpu_cores']:.2f}x) over {cost_a['seconds']:.0f} s"
           + (f" after the first {warm:.0f} s" if warm else ""))
+    print(f"  of which the serving process {cost_a['cpu_cores'] - cost_a['children_cpu_cores']:.3f}, the decision "
+          f"process {cost_a['children_cpu_cores']:.3f} (peer {cost_b['cpu_cores'] - cost_b['children_cpu_cores']:.3f} "
+          f"and {cost_b['children_cpu_cores']:.3f})")
     print(f"server RSS MiB (first third / last third / max, slope per minute): scaler {cost_a['rss_first_mib']:.1f} / "
           f"{cost_a['rss_last_mib']:.1f} / {cost_a['rss_max_mib']:.1f}, {cost_a['rss_slope_mib_per_min']:+.2f}; peer "
           f"{cost_b['rss_first_mib']:.1f} / {cost_b['rss_last_mib']:.1f} / {cost_b['rss_max_mib']:.1f}, "

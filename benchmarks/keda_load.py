@@ -140,8 +140,8 @@ class Sampler:
 
     pid: int
     every_s: float = 5.0
-    samples: list[tuple[float, float, float]] = field(default_factory=list)
-    """(monotonic seconds, CPU seconds user+system, RSS MiB)."""
+    samples: list[tuple[float, float, float, float]] = field(default_factory=list)
+    """(monotonic seconds, CPU seconds user+system, RSS MiB, the children's share of those CPU seconds)."""
     _stop: threading.Event = field(default_factory=threading.Event)
 
     def start(self) -> Sampler:
@@ -151,11 +151,12 @@ class Sampler:
         threading.Thread(target=self._run, name="sampler", daemon=True).start()
         return self
 
-    def sample(self) -> tuple[float, float, float]:
-        """The process and its children together (``leadscale serve`` computes decisions in a child)."""
+    def sample(self) -> tuple[float, float, float, float]:
+        """The process and its children together (``leadscale serve`` computes decisions in a child), and the
+        children's CPU apart: which of the two processes a change moved."""
         import psutil
 
-        cpu_s = rss = 0.0
+        cpu_s = rss = children_s = 0.0
         for process in [self._process, *self._process.children(recursive=True)]:
             try:
                 cpu, mem = process.cpu_times(), process.memory_info()
@@ -163,7 +164,9 @@ class Sampler:
                 continue
             cpu_s += cpu.user + cpu.system
             rss += mem.rss
-        point = (time.monotonic(), cpu_s, rss / 2**20)
+            if process.pid != self.pid:
+                children_s += cpu.user + cpu.system
+        point = (time.monotonic(), cpu_s, rss / 2**20, children_s)
         self.samples.append(point)
         return point
 
@@ -184,11 +187,13 @@ class Sampler:
         """CPU cores and RSS over the samples taken ``after_s`` seconds or more after the first one."""
         t0 = self.samples[0][0]
         points = [p for p in self.samples if p[0] - t0 >= after_s] or self.samples
-        (ta, ca, _), (tb, cb, _) = points[0], points[-1]
+        (ta, ca, _, da), (tb, cb, _, db) = points[0], points[-1]
         rss = np.asarray([p[2] for p in points])
         minutes = np.asarray([(p[0] - points[0][0]) / 60 for p in points])
         slope = float(np.polyfit(minutes, rss, 1)[0]) if len(points) >= 3 and minutes[-1] > 0 else 0.0
         third = max(1, len(rss) // 3)
-        return {"cpu_cores": (cb - ca) / (tb - ta) if tb > ta else np.nan, "rss_first_mib": float(rss[:third].mean()),
+        return {"cpu_cores": (cb - ca) / (tb - ta) if tb > ta else np.nan,
+                "children_cpu_cores": (db - da) / (tb - ta) if tb > ta else np.nan,
+                "rss_first_mib": float(rss[:third].mean()),
                 "rss_last_mib": float(rss[-third:].mean()), "rss_max_mib": float(rss.max()),
                 "rss_slope_mib_per_min": slope, "seconds": tb - ta}
