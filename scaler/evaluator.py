@@ -211,8 +211,8 @@ class Evaluator:
         """Whether RPCs run in this interpreter: then an evaluation yields the GIL after each object (and a
         warm-up after each replay), or every RPC arriving meanwhile waits a switch interval. The decision
         process has no RPCs to let in (its short switch interval bounds how long its pipe waits), and there
-        each yield cost more than the object's decision itself saved: 75 us of CPU an object, a fifth of a
-        round (docs/scaler.md)."""
+        each yield (a system call and a trip through the scheduler) cost about 75 us of CPU an object, over a
+        fifth of a round at an hour of history (docs/scaler.md)."""
         if not (isinstance(max_objects, int) and max_objects >= 1):
             raise ValueError(f"Evaluator max_objects={max_objects!r}: must be an integer >= 1")
         self.max_objects = max_objects
