@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scaler.forecast import horizon_rises, lead_time_headroom, project_backlog, push_spaced
+from scaler.forecast import PROJECTION_STEPS, horizon_rises, lead_time_headroom, project_backlog, push_spaced
 
 
 def series(values: list[float], spacing: float = 15.0) -> tuple[tuple[float, float], ...]:
@@ -76,13 +76,10 @@ def test_backlog_drains_with_the_starting_replicas_as_they_arrive() -> None:
     assert project_backlog(0.0, 5.0, 0.0, 4, (), 60.0) == pytest.approx(60.0)
 
 
-
 def queue_step_by_step(backlog: float, level: float, slope: float, ready: int, arrivals: tuple[float, ...],
                        horizon_s: float) -> float:
     """The fluid queue as defined: at each of the projection's midpoints, demand (never negative) less the
     replicas serving by then, added to a queue that never goes negative."""
-    from scaler.forecast import PROJECTION_STEPS
-
     dt, queue = horizon_s / PROJECTION_STEPS, max(0.0, backlog)
     for step in range(PROJECTION_STEPS):
         mid = (step + 0.5) * dt
@@ -103,6 +100,7 @@ def test_the_projected_backlog_is_the_fluid_queue_step_by_step(backlog: float, l
     got = project_backlog(backlog, level, slope, ready, arrivals, horizon_s)
     assert got >= 0.0
     assert got == pytest.approx(expected, rel=1e-9, abs=1e-9)
+
 
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.floats(0.0, 50.0).map(lambda v: round(v, 1)), min_size=2, max_size=14),
