@@ -85,9 +85,6 @@ def run_server(extra: Sequence[str] = ()) -> int:
     """Child process: ``leadscale serve`` with the fake source; prints the gRPC and metrics ports on stdout."""
     import logging
 
-    from scaler import grpc_io
-
-    io_note = grpc_io.prefer_polling_io()  # as `leadscale serve` does, before anything loads grpc
     from leadscale.cli import build_parser
     from scaler import serve_cli, service, telemetry
 
@@ -95,7 +92,6 @@ def run_server(extra: Sequence[str] = ()) -> int:
                                                         "--metrics-port", "0", "--log-level", "WARNING",
                                                         "--prometheus-url", "http://127.0.0.1:9", *extra]))
     args.source_factory = fake_source
-    args.grpc_io = io_note
     start, serve_http = service.start_server, telemetry.serve_http
 
     def announce(*a: Any, **k: Any) -> Any:

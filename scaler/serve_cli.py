@@ -115,11 +115,6 @@ def resolve(args: argparse.Namespace) -> argparse.Namespace:
 
 def run(args: argparse.Namespace) -> int:
     """Start the servers and block until SIGTERM/SIGINT."""
-    from scaler import grpc_io
-
-    io_note = grpc_io.prefer_polling_io()  # before anything loads grpc
     from scaler.service import serve_forever
 
-    resolved = resolve(args)
-    resolved.grpc_io = io_note
-    return serve_forever(resolved)
+    return serve_forever(resolve(args))

@@ -247,8 +247,6 @@ def serve_forever(args: Any) -> int:
              "mTLS" if tls and tls.client_ca else "TLS" if tls else "plaintext", metrics_host,
              http.server_address[1], "in a process of their own" if isinstance(evaluator, DecisionProcess)
              else "in this process")
-    if getattr(args, "grpc_io", None):
-        LOG.info("gRPC I/O: %s", args.grpc_io)
     # A handler runs between two bytecodes of the main thread, possibly inside a lock the main thread holds
     # (an Event's, the log handler's), and a second signal can land inside the first handler: it only
     # appends to a list, which takes no lock. (Setting an Event here deadlocked on a process group's SIGTERMs.)
