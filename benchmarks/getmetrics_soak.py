@@ -140,7 +140,10 @@ def drive(port: int, peer: bool, settings: dict[str, Any], start_at: float, out:
 def soak(args: argparse.Namespace) -> int:
     script = Path(__file__).resolve().parent / "bench_getmetrics.py"
     serve_args = ["--idle-timeout", f"{args.idle_timeout:g}", "--max-objects", str(args.objects * 3)]
-    servers = [_start(script, serve_args), _start(script, serve_args)]
+    # the scaler as the chart runs it; the peer unpinned, as in every earlier soak, so that its column stays the
+    # floor of Python gRPC on this machine (two servers pinned to one CPU would share it)
+    servers = [_start(script, [*serve_args, "--cpu-affinity", args.cpu_affinity]),
+               _start(script, [*serve_args, "--cpu-affinity", "none"])]
     settings = {k: getattr(args, k) for k in ("warmup", "soak", "objects", "period", "steady_clients", "burst_every",
                                               "burst_clients", "burst_calls", "churn_every", "churn", "idle_timeout")}
     context = multiprocessing.get_context("spawn")
@@ -239,7 +242,7 @@ def report(args: argparse.Namespace, results: list[dict[str, Any]], samplers: li
         Path(args.json).write_text(json.dumps({
             "settings": {k: getattr(args, k) for k in ("warmup", "soak", "objects", "period", "steady_clients",
                                                        "burst_every", "burst_clients", "burst_calls", "churn_every",
-                                                       "churn", "idle_timeout")},
+                                                       "churn", "idle_timeout", "cpu_affinity")},
             "latency": {k: {"scaler": a, "peer": b} for k, (a, b) in rows.items()},
             "cost": {"scaler": cost_a, "peer": cost_b}, "objects_seen": objects_seen,
             "bursts_s": [mine["bursts_s"], peer["bursts_s"]], "errors": errors, "peer_errors": peer_errors,

@@ -14,6 +14,7 @@ service and server reflection run on the same port; TLS and mTLS come from PEM f
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import signal
@@ -30,7 +31,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from scaler import warmup
+from scaler import cpu_affinity, warmup
 from scaler._proto import externalscaler_pb2 as pb
 from scaler._proto import externalscaler_pb2_grpc as pb_grpc
 from scaler.cli_types import comma_separated
@@ -211,16 +212,24 @@ def serve_forever(args: Any) -> int:
     configure_logging(args.log_level, args.log_format)
     telemetry = Telemetry()
     evaluator: Decisions
+    placed = "wherever the kernel puts them"
     if getattr(args, "decision_process", False):
         if getattr(args, "kube", None) is not None:
             LOG.error("cannot start: an embedded Kubernetes observer runs only with --decision-process false")
             return 1
-        decisions = DecisionProcess(DecisionSettings.from_args(args), telemetry)
+        placement = _placement(args)
+        settings = DecisionSettings.from_args(args)
+        if placement is not None:
+            settings = dataclasses.replace(settings, cpus=placement.decisions)
+        decisions = DecisionProcess(settings, telemetry)
         try:
             decisions.start()
         except RuntimeError as exc:
             LOG.error("cannot start: %s", exc)
             return 1
+        # after the child started (it places itself) and before gRPC's threads start (they inherit this)
+        if placement is not None and cpu_affinity.pin_or_warn(placement.serving, "serving"):
+            placed = placement.describe()
         evaluator, kube = decisions, None
     else:
         built = _in_process_evaluator(args, telemetry)
@@ -243,10 +252,10 @@ def serve_forever(args: Any) -> int:
         evaluator.stop()
         return 1
     evaluator.start()
-    LOG.info("serving ExternalScaler on %s:%d (%s), metrics on %s:%d; decisions %s", args.host, running.port,
-             "mTLS" if tls and tls.client_ca else "TLS" if tls else "plaintext", metrics_host,
+    LOG.info("serving ExternalScaler on %s:%d (%s), metrics on %s:%d; decisions %s; threads %s", args.host,
+             running.port, "mTLS" if tls and tls.client_ca else "TLS" if tls else "plaintext", metrics_host,
              http.server_address[1], "in a process of their own" if isinstance(evaluator, DecisionProcess)
-             else "in this process")
+             else "in this process", placed)
     # A handler runs between two bytecodes of the main thread, possibly inside a lock the main thread holds
     # (an Event's, the log handler's), and a second signal can land inside the first handler: it only
     # appends to a list, which takes no lock. (Setting an Event here deadlocked on a process group's SIGTERMs.)
@@ -267,6 +276,19 @@ def serve_forever(args: Any) -> int:
     if kube is not None and hasattr(kube, "close"):
         kube.close()
     return code
+
+
+def _placement(args: Any) -> cpu_affinity.Placement | None:
+    """``--cpu-affinity split``'s CPUs for the two processes; None when nothing is to be pinned (``none``, a
+    platform that cannot pin, fewer than two CPUs)."""
+    if getattr(args, "cpu_affinity", cpu_affinity.NONE) != cpu_affinity.SPLIT:
+        return None
+    allowed = cpu_affinity.allowed_cpus()
+    placement = cpu_affinity.plan(allowed) if allowed is not None else None
+    if placement is None:
+        LOG.info("--cpu-affinity split: %s, so nothing is pinned", "this platform cannot pin threads"
+                 if allowed is None else f"only {len(allowed)} CPU may be used")
+    return placement
 
 
 def _in_process_evaluator(args: Any, telemetry: Telemetry) -> tuple[Evaluator, Any] | None:

@@ -1,0 +1,106 @@
+"""``--cpu-affinity``: where ``leadscale serve``'s two processes run, read back from the kernel."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import psutil
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from hypothesis import given
+from hypothesis import strategies as st
+from support.scaler_process import ScalerProcess
+
+from scaler import cpu_affinity
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="CPU affinity is Linux-only")
+
+
+@given(st.frozensets(st.integers(0, 4095), min_size=0, max_size=64))
+def test_split_gives_the_serving_process_one_cpu_and_the_decisions_the_rest(allowed: frozenset[int]) -> None:
+    placement = cpu_affinity.plan(allowed)
+    if len(allowed) < 2:
+        assert placement is None
+        return
+    assert placement is not None
+    assert placement.serving == {max(allowed)}
+    assert placement.decisions == allowed - {max(allowed)}
+
+
+def _masks(pid: int) -> dict[int, frozenset[int]]:
+    """Every live thread of ``pid`` and the CPUs it may run on."""
+    masks = {}
+    for thread in psutil.Process(pid).threads():
+        try:
+            masks[thread.id] = frozenset(os.sched_getaffinity(thread.id))
+        except ProcessLookupError:  # ended since the listing
+            continue
+    return masks
+
+
+def _serving(scaler: ScalerProcess) -> bool:
+    assert scaler.channel is not None
+    answer = health_pb2_grpc.HealthStub(scaler.channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
+    return bool(answer.status == health_pb2.HealthCheckResponse.SERVING)
+
+
+def _decision_process(pid: int) -> psutil.Process:
+    (child,) = [c for c in psutil.Process(pid).children()
+                if "spawn_main" in " ".join(c.cmdline()) and "resource_tracker" not in " ".join(c.cmdline())]
+    return child
+
+
+@pytest.mark.slow
+def test_split_places_every_thread_of_both_processes(tmp_path: Path) -> None:
+    allowed = frozenset(os.sched_getaffinity(0))
+    with ScalerProcess(["--prometheus-url", "http://127.0.0.1:9", "--cpu-affinity", "split"], tmp_path) as scaler:
+        assert scaler.proc is not None
+        assert _serving(scaler)
+        serving, decisions = _masks(scaler.proc.pid), _masks(_decision_process(scaler.proc.pid).pid)
+        if len(allowed) < 2:  # nothing to split: nothing pinned, and the log says why
+            assert set(serving.values()) == set(decisions.values()) == {allowed}
+            assert "nothing is pinned" in scaler.log()
+            return
+        placement = cpu_affinity.plan(allowed)
+        assert placement is not None
+        # gRPC's threads started after the pin, the receive thread before it: all on the serving CPU
+        assert len(serving) >= 5 and set(serving.values()) == {placement.serving}
+        assert set(decisions.values()) == {placement.decisions}
+        assert placement.describe() in scaler.log()
+
+
+@pytest.mark.slow
+def test_none_leaves_placement_to_the_kernel(tmp_path: Path) -> None:
+    allowed = frozenset(os.sched_getaffinity(0))
+    with ScalerProcess(["--prometheus-url", "http://127.0.0.1:9", "--cpu-affinity", "none"], tmp_path) as scaler:
+        assert scaler.proc is not None
+        assert _serving(scaler)
+        assert set(_masks(scaler.proc.pid).values()) == {allowed}
+        assert set(_masks(_decision_process(scaler.proc.pid).pid).values()) == {allowed}
+        assert "wherever the kernel puts them" in scaler.log()
+
+
+def test_a_cpu_the_kernel_refuses_is_a_warning_not_a_failure(caplog: pytest.LogCaptureFixture) -> None:
+    before = frozenset(os.sched_getaffinity(0))
+    impossible = frozenset({max(before) + 4096})  # no such CPU: sched_setaffinity says EINVAL
+    with caplog.at_level(logging.WARNING, logger="leadscale.cpu_affinity"):
+        assert cpu_affinity.pin_or_warn(impossible, "serving") is False
+    assert f"cannot place the serving process on CPU {max(before) + 4096}" in caplog.text
+    assert frozenset(os.sched_getaffinity(0)) == before
+    assert cpu_affinity.pin_or_warn(None, "serving") is False
+
+
+def test_an_unknown_setting_is_refused_naming_the_flag_and_the_choices(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    from leadscale.cli import build_parser
+    from scaler import serve_cli
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--cpu-affinity", "both"])
+    err = capsys.readouterr().err
+    assert "--cpu-affinity" in err and "'both': must be one of split, none" in err
+    monkeypatch.setenv("LEADSCALE_CPU_AFFINITY", "both")
+    with pytest.raises(SystemExit, match="LEADSCALE_CPU_AFFINITY='both': 'both': must be one of split, none"):
+        serve_cli.resolve(build_parser().parse_args(["serve"]))
