@@ -52,34 +52,37 @@ def _decision_process(pid: int) -> psutil.Process:
     return child
 
 
+def _placed(mode: str, tmp_path: Path) -> tuple[dict[int, frozenset[int]], dict[int, frozenset[int]], str]:
+    """A real ``leadscale serve --cpu-affinity mode``, once serving: its threads' CPUs, its decision process's
+    threads' CPUs, and its log."""
+    with ScalerProcess(["--prometheus-url", "http://127.0.0.1:9", "--cpu-affinity", mode], tmp_path) as scaler:
+        assert scaler.proc is not None
+        assert _serving(scaler)
+        return _masks(scaler.proc.pid), _masks(_decision_process(scaler.proc.pid).pid), scaler.log()
+
+
 @pytest.mark.slow
 def test_split_places_every_thread_of_both_processes(tmp_path: Path) -> None:
     allowed = frozenset(os.sched_getaffinity(0))
-    with ScalerProcess(["--prometheus-url", "http://127.0.0.1:9", "--cpu-affinity", "split"], tmp_path) as scaler:
-        assert scaler.proc is not None
-        assert _serving(scaler)
-        serving, decisions = _masks(scaler.proc.pid), _masks(_decision_process(scaler.proc.pid).pid)
-        if len(allowed) < 2:  # nothing to split: nothing pinned, and the log says why
-            assert set(serving.values()) == set(decisions.values()) == {allowed}
-            assert "nothing is pinned" in scaler.log()
-            return
-        placement = cpu_affinity.plan(allowed)
-        assert placement is not None
-        # gRPC's threads started after the pin, the receive thread before it: all on the serving CPU
-        assert len(serving) >= 5 and set(serving.values()) == {placement.serving}
-        assert set(decisions.values()) == {placement.decisions}
-        assert placement.describe() in scaler.log()
+    serving, decisions, log = _placed("split", tmp_path)
+    if len(allowed) < 2:  # nothing to split: nothing pinned, and the log says why
+        assert set(serving.values()) == set(decisions.values()) == {allowed}
+        assert "nothing is pinned" in log
+        return
+    placement = cpu_affinity.plan(allowed)
+    assert placement is not None
+    # gRPC's threads started after the pin, the receive thread before it: all on the serving CPU
+    assert len(serving) >= 5 and set(serving.values()) == {placement.serving}
+    assert set(decisions.values()) == {placement.decisions}
+    assert placement.describe() in log
 
 
 @pytest.mark.slow
 def test_none_leaves_placement_to_the_kernel(tmp_path: Path) -> None:
     allowed = frozenset(os.sched_getaffinity(0))
-    with ScalerProcess(["--prometheus-url", "http://127.0.0.1:9", "--cpu-affinity", "none"], tmp_path) as scaler:
-        assert scaler.proc is not None
-        assert _serving(scaler)
-        assert set(_masks(scaler.proc.pid).values()) == {allowed}
-        assert set(_masks(_decision_process(scaler.proc.pid).pid).values()) == {allowed}
-        assert "wherever the kernel puts them" in scaler.log()
+    serving, decisions, log = _placed("none", tmp_path)
+    assert set(serving.values()) == set(decisions.values()) == {allowed}
+    assert "wherever the kernel puts them" in log
 
 
 def test_a_cpu_the_kernel_refuses_is_a_warning_not_a_failure(caplog: pytest.LogCaptureFixture) -> None:
