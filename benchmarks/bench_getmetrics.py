@@ -233,8 +233,8 @@ def main(argv: list[str] | None = None) -> int:
     soak_group.add_argument("--churn-every", type=float, default=60.0, help="seconds between renames")
     soak_group.add_argument("--churn", type=float, default=0.05, help="share of objects renamed each time")
     soak_group.add_argument("--idle-timeout", type=float, default=120.0, help="the server's --idle-timeout")
-    soak_group.add_argument("--cpu-affinity", choices=("split", "none"), default="split",
-                            help="the scaler's --cpu-affinity (the peer always runs with none)")
+    soak_group.add_argument("--pin-serving-cpu", choices=("true", "false"), default="true",
+                            help="the scaler's --pin-serving-cpu (the peer always runs with false)")
     soak_group.add_argument("--json", default=None, metavar="PATH", help="also write the soak's figures here")
     soak_group.add_argument("--fast-forward", type=float, default=0.0, metavar="MIN",
                             help="instead, MIN simulated minutes of the evaluator on a hand-moved clock: RSS as "

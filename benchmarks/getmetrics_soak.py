@@ -142,8 +142,8 @@ def soak(args: argparse.Namespace) -> int:
     serve_args = ["--idle-timeout", f"{args.idle_timeout:g}", "--max-objects", str(args.objects * 3)]
     # the scaler as the chart runs it; the peer unpinned, as in every earlier soak, so that its column stays the
     # floor of Python gRPC on this machine (two servers pinned to one CPU would share it)
-    servers = [_start(script, [*serve_args, "--cpu-affinity", args.cpu_affinity]),
-               _start(script, [*serve_args, "--cpu-affinity", "none"])]
+    servers = [_start(script, [*serve_args, "--pin-serving-cpu", str(args.pin_serving_cpu).lower()]),
+               _start(script, [*serve_args, "--pin-serving-cpu", "false"])]
     settings = {k: getattr(args, k) for k in ("warmup", "soak", "objects", "period", "steady_clients", "burst_every",
                                               "burst_clients", "burst_calls", "churn_every", "churn", "idle_timeout")}
     context = multiprocessing.get_context("spawn")
@@ -242,7 +242,7 @@ def report(args: argparse.Namespace, results: list[dict[str, Any]], samplers: li
         Path(args.json).write_text(json.dumps({
             "settings": {k: getattr(args, k) for k in ("warmup", "soak", "objects", "period", "steady_clients",
                                                        "burst_every", "burst_clients", "burst_calls", "churn_every",
-                                                       "churn", "idle_timeout", "cpu_affinity")},
+                                                       "churn", "idle_timeout", "pin_serving_cpu")},
             "latency": {k: {"scaler": a, "peer": b} for k, (a, b) in rows.items()},
             "cost": {"scaler": cost_a, "peer": cost_b}, "objects_seen": objects_seen,
             "bursts_s": [mine["bursts_s"], peer["bursts_s"]], "errors": errors, "peer_errors": peer_errors,

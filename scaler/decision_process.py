@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
-from scaler import cpu_affinity, evaluation, warmup
+from scaler import evaluation, warmup
 from scaler.cli_types import comma_separated
 from scaler.evaluator import (
     Answer,
@@ -87,8 +87,6 @@ class DecisionSettings:
     log_format: str = "text"
     gil_switch_ms: float = 0.5
     warm_up_s: float = warmup.DEFAULT_SPAN_S
-    cpus: frozenset[int] | None = None
-    """CPUs the decision process runs on (``scaler.cpu_affinity``); None: wherever the kernel puts it."""
 
     @classmethod
     def from_args(cls, args: Any) -> DecisionSettings:
@@ -379,8 +377,6 @@ def child_main(settings: DecisionSettings, commands: Connection, updates: Connec
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     sys.setswitchinterval(settings.gil_switch_ms / 1000.0)  # queries wait on rounds too
-    # before the evaluator's threads start (they inherit it); the imports' threads (numpy's) are moved too
-    cpu_affinity.pin_or_warn(settings.cpus, "decision")
     configure_logging(settings.log_level, settings.log_format)
     send_lock = threading.Lock()
 

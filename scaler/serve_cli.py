@@ -56,10 +56,10 @@ FLAGS: tuple[tuple[str, Callable[[str], Any], Any, str], ...] = (
     ("--decision-process", boolean, True,
      "compute decisions in a process of their own, so RPCs never wait behind an evaluation round; false keeps "
      "them in the serving process"),
-    ("--cpu-affinity", choice("split", "none"), "split",
-     "split: the serving process's threads on one CPU of those the scaler may use and the decision process on the "
-     "others (a call's thread hand-offs stay on one core: less CPU a call, a lower p99); none: wherever the kernel "
-     "puts them. Needs --decision-process and at least two CPUs; otherwise nothing is pinned"),
+    ("--pin-serving-cpu", boolean, True,
+     "run every thread of the serving process on one CPU of those the scaler may use (a call's thread hand-offs "
+     "stay on one core: less CPU a call, faster bursts); the decision process stays where the kernel puts it. "
+     "Needs --decision-process and at least two CPUs; otherwise nothing is pinned"),
     ("--gil-switch-ms", number(Limit(0.05, 100.0), "milliseconds"), 0.5,
      "longest an RPC thread waits for the interpreter while the evaluator computes (Python's switch interval; "
      "Python's own default is 5)"),

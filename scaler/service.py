@@ -14,7 +14,6 @@ service and server reflection run on the same port; TLS and mTLS come from PEM f
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
 import signal
@@ -212,24 +211,19 @@ def serve_forever(args: Any) -> int:
     configure_logging(args.log_level, args.log_format)
     telemetry = Telemetry()
     evaluator: Decisions
-    placed = "wherever the kernel puts them"
+    placed = "serving threads wherever the kernel puts them"
     if getattr(args, "decision_process", False):
         if getattr(args, "kube", None) is not None:
             LOG.error("cannot start: an embedded Kubernetes observer runs only with --decision-process false")
             return 1
-        placement = _placement(args)
-        settings = DecisionSettings.from_args(args)
-        if placement is not None:
-            settings = dataclasses.replace(settings, cpus=placement.decisions)
-        decisions = DecisionProcess(settings, telemetry)
+        decisions = DecisionProcess(DecisionSettings.from_args(args), telemetry)
         try:
             decisions.start()
         except RuntimeError as exc:
             LOG.error("cannot start: %s", exc)
             return 1
-        # after the child started (it places itself) and before gRPC's threads start (they inherit this)
-        if placement is not None and cpu_affinity.pin_or_warn(placement.serving, "serving"):
-            placed = placement.describe()
+        # after the child started (it keeps every CPU) and before gRPC's threads start (they inherit this)
+        placed = _pin_serving(args)
         evaluator, kube = decisions, None
     else:
         built = _in_process_evaluator(args, telemetry)
@@ -252,7 +246,7 @@ def serve_forever(args: Any) -> int:
         evaluator.stop()
         return 1
     evaluator.start()
-    LOG.info("serving ExternalScaler on %s:%d (%s), metrics on %s:%d; decisions %s; threads %s", args.host,
+    LOG.info("serving ExternalScaler on %s:%d (%s), metrics on %s:%d; decisions %s; %s", args.host,
              running.port, "mTLS" if tls and tls.client_ca else "TLS" if tls else "plaintext", metrics_host,
              http.server_address[1], "in a process of their own" if isinstance(evaluator, DecisionProcess)
              else "in this process", placed)
@@ -278,17 +272,19 @@ def serve_forever(args: Any) -> int:
     return code
 
 
-def _placement(args: Any) -> cpu_affinity.Placement | None:
-    """``--cpu-affinity split``'s CPUs for the two processes; None when nothing is to be pinned (``none``, a
-    platform that cannot pin, fewer than two CPUs)."""
-    if getattr(args, "cpu_affinity", cpu_affinity.NONE) != cpu_affinity.SPLIT:
-        return None
+def _pin_serving(args: Any) -> str:
+    """``--pin-serving-cpu``: every thread of this process on one CPU (``scaler.cpu_affinity``); says where they run."""
+    kernel = "serving threads wherever the kernel puts them"
+    if not getattr(args, "pin_serving_cpu", False):
+        return kernel
     allowed = cpu_affinity.allowed_cpus()
-    placement = cpu_affinity.plan(allowed) if allowed is not None else None
-    if placement is None:
-        LOG.info("--cpu-affinity split: %s, so nothing is pinned", "this platform cannot pin threads"
-                 if allowed is None else f"only {len(allowed)} CPU may be used")
-    return placement
+    cpu = cpu_affinity.serving_cpu(allowed) if allowed is not None else None
+    if cpu is None:
+        return kernel + (" (this platform cannot pin threads)" if allowed is None else
+                         f" (--pin-serving-cpu: only {len(allowed)} CPU may be used, so nothing is pinned)")
+    if not cpu_affinity.pin_or_warn(cpu, "serving"):
+        return kernel
+    return f"serving threads on CPU {cpu_affinity.describe(cpu)}, the decision process wherever the kernel puts it"
 
 
 def _in_process_evaluator(args: Any, telemetry: Telemetry) -> tuple[Evaluator, Any] | None:

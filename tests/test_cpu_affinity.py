@@ -1,4 +1,4 @@
-"""``--cpu-affinity``: where ``leadscale serve``'s two processes run, read back from the kernel."""
+"""``--pin-serving-cpu``: where ``leadscale serve``'s two processes run, read back from the kernel."""
 
 from __future__ import annotations
 
@@ -19,14 +19,9 @@ pytestmark = pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="CP
 
 
 @given(st.frozensets(st.integers(0, 4095), min_size=0, max_size=64))
-def test_split_gives_the_serving_process_one_cpu_and_the_decisions_the_rest(allowed: frozenset[int]) -> None:
-    placement = cpu_affinity.plan(allowed)
-    if len(allowed) < 2:
-        assert placement is None
-        return
-    assert placement is not None
-    assert placement.serving == {max(allowed)}
-    assert placement.decisions == allowed - {max(allowed)}
+def test_the_serving_process_gets_the_highest_cpu_when_there_is_a_choice(allowed: frozenset[int]) -> None:
+    cpu = cpu_affinity.serving_cpu(allowed)
+    assert cpu == ({max(allowed)} if len(allowed) >= 2 else None)
 
 
 def _masks(pid: int) -> dict[int, frozenset[int]]:
@@ -52,37 +47,36 @@ def _decision_process(pid: int) -> psutil.Process:
     return child
 
 
-def _placed(mode: str, tmp_path: Path) -> tuple[dict[int, frozenset[int]], dict[int, frozenset[int]], str]:
-    """A real ``leadscale serve --cpu-affinity mode``, once serving: its threads' CPUs, its decision process's
+def _placed(pin: str, tmp_path: Path) -> tuple[dict[int, frozenset[int]], dict[int, frozenset[int]], str]:
+    """A real ``leadscale serve --pin-serving-cpu pin``, once serving: its threads' CPUs, its decision process's
     threads' CPUs, and its log."""
-    with ScalerProcess(["--prometheus-url", "http://127.0.0.1:9", "--cpu-affinity", mode], tmp_path) as scaler:
+    with ScalerProcess(["--prometheus-url", "http://127.0.0.1:9", "--pin-serving-cpu", pin], tmp_path) as scaler:
         assert scaler.proc is not None
         assert _serving(scaler)
         return _masks(scaler.proc.pid), _masks(_decision_process(scaler.proc.pid).pid), scaler.log()
 
 
 @pytest.mark.slow
-def test_split_places_every_thread_of_both_processes(tmp_path: Path) -> None:
+def test_every_serving_thread_runs_on_one_cpu_and_the_decisions_anywhere(tmp_path: Path) -> None:
     allowed = frozenset(os.sched_getaffinity(0))
-    serving, decisions, log = _placed("split", tmp_path)
-    if len(allowed) < 2:  # nothing to split: nothing pinned, and the log says why
-        assert set(serving.values()) == set(decisions.values()) == {allowed}
+    serving, decisions, log = _placed("true", tmp_path)
+    assert set(decisions.values()) == {allowed}  # started before the pin: every CPU, as the kernel likes
+    cpu = cpu_affinity.serving_cpu(allowed)
+    if cpu is None:  # one CPU: nothing to choose, nothing pinned, and the log says why
+        assert set(serving.values()) == {allowed}
         assert "nothing is pinned" in log
         return
-    placement = cpu_affinity.plan(allowed)
-    assert placement is not None
-    # gRPC's threads started after the pin, the receive thread before it: all on the serving CPU
-    assert len(serving) >= 5 and set(serving.values()) == {placement.serving}
-    assert set(decisions.values()) == {placement.decisions}
-    assert placement.describe() in log
+    # gRPC's threads started after the pin, the decisions' receiver before it: all on the one CPU
+    assert len(serving) >= 5 and set(serving.values()) == {cpu}
+    assert f"serving threads on CPU {max(allowed)}" in log
 
 
 @pytest.mark.slow
-def test_none_leaves_placement_to_the_kernel(tmp_path: Path) -> None:
+def test_false_leaves_placement_to_the_kernel(tmp_path: Path) -> None:
     allowed = frozenset(os.sched_getaffinity(0))
-    serving, decisions, log = _placed("none", tmp_path)
+    serving, decisions, log = _placed("false", tmp_path)
     assert set(serving.values()) == set(decisions.values()) == {allowed}
-    assert "wherever the kernel puts them" in log
+    assert "serving threads wherever the kernel puts them" in log
 
 
 def test_a_cpu_the_kernel_refuses_is_a_warning_not_a_failure(caplog: pytest.LogCaptureFixture) -> None:
@@ -95,15 +89,14 @@ def test_a_cpu_the_kernel_refuses_is_a_warning_not_a_failure(caplog: pytest.LogC
     assert cpu_affinity.pin_or_warn(None, "serving") is False
 
 
-def test_an_unknown_setting_is_refused_naming_the_flag_and_the_choices(
-        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_bad_value_is_refused_naming_the_flag(capsys: pytest.CaptureFixture[str],
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
     from leadscale.cli import build_parser
     from scaler import serve_cli
 
     with pytest.raises(SystemExit):
-        build_parser().parse_args(["serve", "--cpu-affinity", "both"])
-    err = capsys.readouterr().err
-    assert "--cpu-affinity" in err and "'both': must be one of split, none" in err
-    monkeypatch.setenv("LEADSCALE_CPU_AFFINITY", "both")
-    with pytest.raises(SystemExit, match="LEADSCALE_CPU_AFFINITY='both': 'both': must be one of split, none"):
+        build_parser().parse_args(["serve", "--pin-serving-cpu", "both"])
+    assert "--pin-serving-cpu" in capsys.readouterr().err
+    monkeypatch.setenv("LEADSCALE_PIN_SERVING_CPU", "both")
+    with pytest.raises(SystemExit, match="LEADSCALE_PIN_SERVING_CPU='both'"):
         serve_cli.resolve(build_parser().parse_args(["serve"]))
