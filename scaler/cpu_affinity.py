@@ -37,6 +37,7 @@ def allowed_cpus() -> frozenset[int] | None:
 
 
 def describe(cpus: Iterable[int]) -> str:
+    """CPUs as a log line writes them: ``2`` or ``0,1``."""
     return ",".join(str(c) for c in sorted(cpus))
 
 

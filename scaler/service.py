@@ -45,6 +45,8 @@ LOG = logging.getLogger("leadscale.service")
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["ExternalScaler"].full_name
 T = TypeVar("T")
 MAX_DETAILS_CHARS = 4096
+UNPINNED = "serving threads wherever the kernel puts them"
+"""The start-up log's word on placement when nothing was pinned (``--pin-serving-cpu``)."""
 
 
 class ExternalScalerServicer(pb_grpc.ExternalScalerServicer):
@@ -211,7 +213,7 @@ def serve_forever(args: Any) -> int:
     configure_logging(args.log_level, args.log_format)
     telemetry = Telemetry()
     evaluator: Decisions
-    placed = "serving threads wherever the kernel puts them"
+    placed = UNPINNED
     if getattr(args, "decision_process", False):
         if getattr(args, "kube", None) is not None:
             LOG.error("cannot start: an embedded Kubernetes observer runs only with --decision-process false")
@@ -274,16 +276,15 @@ def serve_forever(args: Any) -> int:
 
 def _pin_serving(args: Any) -> str:
     """``--pin-serving-cpu``: every thread of this process on one CPU (``scaler.cpu_affinity``); says where they run."""
-    kernel = "serving threads wherever the kernel puts them"
     if not getattr(args, "pin_serving_cpu", False):
-        return kernel
+        return UNPINNED
     allowed = cpu_affinity.allowed_cpus()
     cpu = cpu_affinity.serving_cpu(allowed) if allowed is not None else None
     if cpu is None:
-        return kernel + (" (this platform cannot pin threads)" if allowed is None else
+        return UNPINNED + (" (this platform cannot pin threads)" if allowed is None else
                          f" (--pin-serving-cpu: only {len(allowed)} CPU may be used, so nothing is pinned)")
     if not cpu_affinity.pin_or_warn(cpu, "serving"):
-        return kernel
+        return UNPINNED
     return f"serving threads on CPU {cpu_affinity.describe(cpu)}, the decision process wherever the kernel puts it"
 
 
