@@ -41,23 +41,20 @@ def describe(cpus: Iterable[int]) -> str:
     return ",".join(str(c) for c in sorted(cpus))
 
 
-def pin_process(cpus: frozenset[int]) -> int:
+def pin_process(cpus: frozenset[int]) -> None:
     """Put every thread of this process on ``cpus``; threads started later inherit it from their creator, and a
-    child process started later from the thread that starts it. Returns how many threads were moved.
+    child process started later from the thread that starts it.
     ``sched_setaffinity`` on a process id moves only that one thread, so each thread of ``/proc/self/task`` is
     moved; raises ``OSError`` when the kernel refuses (a CPU outside the cpuset)."""
     try:
         threads = [int(tid) for tid in os.listdir("/proc/self/task")]
     except OSError:
         threads = [0]  # no /proc: the calling thread, which is the only one a caller at start-up has
-    moved = 0
     for tid in threads:
         try:
             os.sched_setaffinity(tid, cpus)
         except ProcessLookupError:  # a thread that ended since the listing
             continue
-        moved += 1
-    return moved
 
 
 def pin_or_warn(cpus: frozenset[int] | None, who: str) -> bool:
@@ -67,7 +64,7 @@ def pin_or_warn(cpus: frozenset[int] | None, who: str) -> bool:
         return False
     try:
         pin_process(cpus)
-    except (OSError, AttributeError) as exc:
+    except OSError as exc:
         LOG.warning("cannot place the %s process on CPU %s (%s): left where the kernel puts it", who, describe(cpus),
                     exc)
         return False
